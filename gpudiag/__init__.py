@@ -1,0 +1,61 @@
+"""gpudiag: why is my GPU job slow or out of memory, what should I change, and did it help?
+
+``import gpudiag`` is light: it imports neither torch, nor NVML bindings, nor plotly. Each
+public name is loaded on first use from the one module that owns it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gpudiag.errors import GpuDiagError, GpuDiagWarning
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute); attribute None means the module itself.
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "inspect": ("gpudiag.probe.system", "inspect"),
+    "SystemReport": ("gpudiag.probe.system", "SystemReport"),
+    "Reading": ("gpudiag.probe.readings", "Reading"),
+    "Status": ("gpudiag.probe.readings", "Status"),
+    "ReplayBackend": ("gpudiag.probe.replay", "ReplayBackend"),
+}
+
+__all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'gpudiag' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpudiag``: registers ``%gpudiag`` / ``%%gpudiag`` (imported lazily)."""
+    from gpudiag.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from gpudiag.magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
+    from gpudiag.probe.readings import Reading as Reading
+    from gpudiag.probe.readings import Status as Status
+    from gpudiag.probe.replay import ReplayBackend as ReplayBackend
+    from gpudiag.probe.system import SystemReport as SystemReport
+    from gpudiag.probe.system import inspect as inspect

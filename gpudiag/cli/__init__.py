@@ -1,0 +1,78 @@
+"""The ``gpudiag`` terminal command: one module per subcommand, loaded only when used."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from gpudiag.errors import GpuDiagError
+
+# name -> module under gpudiag.cli; each module has a one-line docstring (the help text),
+# ``add_arguments(parser)`` and ``run(args) -> int``. Adding a subcommand is adding a module.
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "inspect",
+    "monitor",
+    "trace",
+    "occupancy",
+    "bench",
+    "compare",
+    "diagnose",
+    "recipe",
+)
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"gpudiag.cli.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"gpudiag.cli.{name}":
+            return None  # not built yet in this version
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpudiag import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gpudiag",
+        description="GPU diagnostics for PyTorch: inspect, monitor, profile, diagnose, fix.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpudiag {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = _load(name)
+        if module is None:
+            continue
+        help_text = (module.__doc__ or name).strip().splitlines()[0]
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = getattr(args, "_module", None)
+    if module is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(module.run(args))
+    except GpuDiagError as exc:
+        print(f"gpudiag: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpudiag: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `gpudiag inspect --json | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

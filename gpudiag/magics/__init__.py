@@ -1,0 +1,106 @@
+"""IPython magics: ``%gpudiag <subcommand>`` and ``%%gpudiag <subcommand>``, one module each.
+
+A subcommand module under ``gpudiag.magics`` has a one-line docstring (its help),
+``add_arguments(parser)`` and ``run(args, cell, shell)``; what ``run`` returns is displayed.
+Adding a subcommand is adding a module and its name to ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+from types import ModuleType
+from typing import Any
+
+from gpudiag.errors import GpuDiagError
+
+SUBCOMMANDS: tuple[str, ...] = (
+    "inspect",
+    "monitor",
+    "stop",
+    "profile",
+    "occupancy",
+    "bench",
+    "compare",
+    "doctor",
+    "recipe",
+)
+
+
+class _ParserExit(Exception):
+    """argparse wanted to exit (``--help`` or a usage error); the message is already shown."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        if message:
+            print(message.rstrip())
+        raise _ParserExit(status)
+
+    def error(self, message: str) -> Any:
+        self.print_usage()
+        print(f"%gpudiag {self.prog.split()[-1]}: {message}")
+        raise _ParserExit(2)
+
+
+def _module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(f"gpudiag.magics.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"gpudiag.magics.{name}":
+            return None
+        raise
+
+
+def available() -> dict[str, ModuleType]:
+    return {n: m for n in SUBCOMMANDS if (m := _module(n)) is not None}
+
+
+def help_text() -> str:
+    lines = ["%gpudiag SUBCOMMAND [options]   (or %%gpudiag SUBCOMMAND for a cell)", ""]
+    for name, module in available().items():
+        summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+        lines.append(f"  {name:<10} {summary}")
+    lines += ["", "%gpudiag help SUBCOMMAND (or SUBCOMMAND --help) explains one subcommand."]
+    return "\n".join(lines)
+
+
+def dispatch(line: str, cell: str | None, shell: Any) -> Any:
+    """Run one magic invocation; errors a user can cause are printed, never raised."""
+    words = shlex.split(line)
+    if not words or words[0] in {"help", "-h", "--help"}:
+        if len(words) > 1:
+            words = [words[1], "--help"]
+        else:
+            print(help_text())
+            return None
+    name, rest = words[0], words[1:]
+    module = _module(name) if name in SUBCOMMANDS else None
+    if module is None:
+        print(f"%gpudiag: unknown subcommand {name!r}.\n\n{help_text()}")
+        return None
+    doc = (module.__doc__ or name).strip()
+    parser = _Parser(prog=f"%gpudiag {name}", description=doc)
+    module.add_arguments(parser)
+    try:
+        args = parser.parse_args(rest)
+    except _ParserExit:
+        return None
+    try:
+        return module.run(args, cell, shell)
+    except GpuDiagError as exc:
+        print(f"gpudiag: {exc}")
+        return None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from gpudiag.magics._register import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from gpudiag.magics._register import unregister
+
+    unregister(ipython)

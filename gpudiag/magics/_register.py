@@ -1,0 +1,26 @@
+"""Registers the ``gpudiag`` line/cell magic with an IPython shell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from gpudiag.magics import dispatch, help_text
+
+
+@magics_class
+class GpuDiagMagics(Magics):
+    @line_cell_magic
+    def gpudiag(self, line: str = "", cell: str | None = None) -> Any:
+        return dispatch(line, cell, self.shell)
+
+
+def register(ipython: Any) -> None:
+    # ``%gpudiag?`` shows the list of subcommands.
+    GpuDiagMagics.gpudiag.__doc__ = help_text()
+    ipython.register_magics(GpuDiagMagics(ipython))
+
+
+def unregister(ipython: Any) -> None:
+    ipython.magics_manager.registry.pop("GpuDiagMagics", None)
