@@ -1,0 +1,130 @@
+"""The host around the GPUs: CPU model and ML-relevant flags, cores, NUMA, memory, torch build."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+
+from gpudiag.probe import cuda
+from gpudiag.probe.model import HostInfo, TorchInfo
+from gpudiag.probe.readings import Reading, Status, na, ok
+
+# CPU flags that change what precision and kernels are fast on the CPU.
+ML_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "amx_fp16",
+    "asimd",  # Arm NEON
+    "sve",
+    "bf16",  # Arm BF16 extension
+)
+
+
+def _read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """CPU model name and the ML-relevant flags from ``/proc/cpuinfo`` text (x86 or Arm)."""
+    model = None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if model is None and key in {"model name", "hardware", "cpu model"}:
+            model = value.strip() or None
+        elif not flags and key in {"flags", "features"}:
+            flags = set(value.split())
+    return model, tuple(f for f in ML_FLAGS if f in flags)
+
+
+def numa_node_count(sys_root: str | Path = "/sys/devices/system/node") -> Reading[int]:
+    root = Path(sys_root)
+    try:
+        nodes = [p for p in root.iterdir() if p.name.startswith("node") and p.name[4:].isdigit()]
+    except OSError:
+        return na(Status.NOT_SUPPORTED, "no NUMA information (/sys/devices/system/node)", "host")
+    return ok(max(len(nodes), 1), "host")
+
+
+def probe_torch() -> TorchInfo:
+    """What the installed torch is and can do. Imports torch; never initialises CUDA itself."""
+    try:
+        import torch
+    except ImportError as exc:
+        missing = na(Status.NOT_FOUND, f"torch is not installed ({exc})", "torch")
+        return TorchInfo(missing, missing, missing, missing, missing, missing)
+    cuda_build = cuda.built_with_cuda()
+    cudnn = torch.backends.cudnn.version() if cuda_build else None
+    available = cuda.available()
+    return TorchInfo(
+        version=ok(str(torch.__version__), "torch"),
+        cuda_build=ok(cuda_build, "torch")
+        if cuda_build
+        else na(Status.NOT_SUPPORTED, "CPU-only torch build (torch.version.cuda is None)", "torch"),
+        cudnn_version=ok(int(cudnn), "torch")
+        if cudnn
+        else na(Status.NOT_SUPPORTED, "no cuDNN", "torch"),
+        cuda_available=ok(available, "torch"),
+        device_count=ok(cuda.device_count(), "torch"),
+        num_threads=ok(int(torch.get_num_threads()), "torch"),
+    )
+
+
+def probe_host(*, with_torch: bool = True) -> HostInfo:
+    """Read the host. Works everywhere; what it cannot read is N/A with the reason."""
+    text = _read("/proc/cpuinfo")
+    model, flags = parse_cpuinfo(text) if text else (None, ())
+    if model is None:
+        model = platform.processor() or None
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        memory_total = ok(int(vm.total), "host")
+        memory_available = ok(int(vm.available), "host")
+        physical = psutil.cpu_count(logical=False)
+    except ImportError:
+        missing = na(Status.NOT_FOUND, "psutil is not installed", "host")
+        memory_total = memory_available = missing
+        physical = None
+    try:
+        affinity = ok(len(os.sched_getaffinity(0)), "host")
+    except (AttributeError, OSError):
+        affinity = na(Status.NOT_SUPPORTED, "no CPU affinity on this OS", "host")
+    return HostInfo(
+        hostname=socket.gethostname(),
+        os=f"{platform.system()} {platform.release()}",
+        python=sys.version.split()[0],
+        cpu_model=ok(model, "host")
+        if model
+        else na(Status.NOT_SUPPORTED, "CPU model unknown", "host"),
+        cpu_flags=flags,
+        logical_cores=ok(os.cpu_count() or 0, "host"),
+        physical_cores=ok(int(physical), "host")
+        if physical
+        else na(Status.NOT_SUPPORTED, "physical core count unknown", "host"),
+        numa_nodes=numa_node_count(),
+        memory_total_bytes=memory_total,
+        memory_available_bytes=memory_available,
+        cpu_affinity=affinity,
+        torch=probe_torch() if with_torch else TorchInfo(),
+    )

@@ -1,0 +1,350 @@
+"""``gd.inspect()``: one report of the host, the GPUs (live or recorded), the driver and torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.probe import cuda
+from gpudiag.probe.backend import Backend, default_backend
+from gpudiag.probe.cuda_map import match_cuda_indices
+from gpudiag.probe.host import probe_host
+from gpudiag.probe.model import DriverInfo, Gpu, GpuInfo, HostInfo, record_from_dict
+from gpudiag.probe.readings import Reading, ok
+from gpudiag.probe.replay import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, ReplayBackend
+
+_GIB = float(1 << 30)
+_MIB = float(1 << 20)
+
+
+def _mib(reading: Reading[Any], *, short: bool = False) -> str:
+    if reading.ok:
+        return f"{reading.get(0) / _MIB:,.0f} MiB"
+    return "N/A" if short else reading.display()
+
+
+def _program(command: str) -> str:
+    """The program's file name from a process command line (POSIX or Windows path)."""
+    first = command.split(" ")[0] if command else ""
+    return re.split(r"[\\/]", first)[-1] or "?"
+
+
+def _gib(reading: Reading[Any]) -> str:
+    return f"{reading.get(0) / _GIB:.1f} GiB" if reading.ok else reading.display()
+
+
+def enrich_from_specs(info: GpuInfo) -> GpuInfo:
+    """Fill facts NVML or nvidia-smi did not give (compute capability, SMs, bus width) from
+    the spec table, marking their source as "specs"; values that were read stay as they are."""
+    if not info.name.ok:
+        return info
+    try:
+        from gpudiag import specs
+
+        spec = specs.lookup_gpu(str(info.name.value))
+    except Exception:  # the spec table is a convenience here, never a failure
+        spec = None
+    if spec is None:
+        return info
+    updates: dict[str, Any] = {}
+    for name, value in (
+        ("compute_capability", tuple(spec.compute_capability)),
+        ("sm_count", spec.sm_count),
+        ("memory_bus_width_bits", spec.memory_bus_width_bits),
+        ("architecture", spec.architecture),
+    ):
+        if not getattr(info, name).ok and value is not None:
+            updates[name] = ok(value, "specs")
+    return dataclasses.replace(info, **updates) if updates else info
+
+
+@dataclass(frozen=True, slots=True)
+class SystemReport:
+    """Everything ``gd.inspect()`` found. ``source`` is "live" or "recording"."""
+
+    host: HostInfo
+    gpus: tuple[Gpu, ...]
+    driver: DriverInfo
+    gpu_count: Reading[int]
+    source: str = "live"
+    label: str = ""
+    recorded_at: str = ""
+    cuda_mapping: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- questions other layers ask -------------------------------------------------------
+    @property
+    def is_recording(self) -> bool:
+        return self.source == "recording"
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+    @property
+    def cuda_gpus(self) -> tuple[Gpu, ...]:
+        """GPUs torch can use, in CUDA index order."""
+        visible = [g for g in self.gpus if g.info.cuda_index is not None]
+        return tuple(sorted(visible, key=lambda g: g.info.cuda_index or 0))
+
+    @property
+    def primary_gpu(self) -> Gpu | None:
+        """``cuda:0`` when known, else the first GPU."""
+        return (self.cuda_gpus or self.gpus or (None,))[0]
+
+    @property
+    def no_gpu_reason(self) -> str:
+        if self.gpus:
+            return ""
+        return self.gpu_count.reason or "no NVIDIA GPU: the driver sees 0 devices"
+
+    # -- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe; also the gpudiag snapshot format that ``--replay`` reads back."""
+        out = {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, **out}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SystemReport:
+        backend = ReplayBackend.from_snapshot(dict(data))
+        host = record_from_dict(HostInfo, data["host"]) if "host" in data else HostInfo()
+        return inspect(backend=backend, host=host)
+
+    # -- presentation -------------------------------------------------------------------
+    def header(self) -> str:
+        if self.is_recording:
+            when = f" (recorded {self.recorded_at})" if self.recorded_at else ""
+            return f"RECORDING {self.label.removeprefix('recording: ')}{when}: not this machine"
+        return f"live ({self.label})"
+
+    def lines(self) -> list[str]:
+        h = self.host
+        t = h.torch
+        out = [f"gpudiag inspect: {self.header()}"]
+        cores = f"{h.logical_cores.get('?')} logical cores"
+        if h.numa_nodes.ok:
+            cores += f", {h.numa_nodes.value} NUMA node{'s' if h.numa_nodes.value != 1 else ''}"
+        memory = _gib(h.memory_total_bytes)
+        if h.memory_available_bytes.ok:
+            memory += f" ({_gib(h.memory_available_bytes)} free)"
+        out.append(f"Host     {h.cpu_model.get('unknown CPU')}, {cores}, {memory} RAM")
+        if h.cpu_flags:
+            bf16 = "yes" if h.cpu_bf16_fast else "no"
+            out.append(f"         CPU flags: {' '.join(h.cpu_flags)} (fast bf16: {bf16})")
+        if t.version.ok:
+            out.append(
+                f"Torch    {t.version.value} ({t.build} build), {t.num_threads.get('?')} threads, "
+                f"CUDA available: {'yes' if t.cuda_available.get(False) else 'no'}"
+            )
+        else:
+            out.append(f"Torch    {t.version.display()}")
+        d = self.driver
+        if d.driver_version.ok or self.gpus:
+            out.append(
+                f"Driver   {d.driver_version.display()}, "
+                f"CUDA (driver) {d.cuda_driver_version.display()}"
+            )
+        if not self.gpus:
+            out.append(f"GPUs     {self.no_gpu_reason}")
+        for gpu in self.gpus:
+            out.extend(_gpu_lines(gpu))
+        if self.cuda_mapping and self.gpus:
+            out.append(f"CUDA indices matched by {self.cuda_mapping}")
+        out.extend(f"note: {n}" for n in self.notes)
+        return out
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        h = self.host
+        host_rows = [
+            ("CPU", h.cpu_model.display()),
+            ("cores", f"{h.logical_cores.display()} logical, {h.numa_nodes.display()} NUMA"),
+            ("memory", f"{_gib(h.memory_total_bytes)} ({_gib(h.memory_available_bytes)} free)"),
+            ("ML CPU flags", " ".join(h.cpu_flags) or "none"),
+            ("torch", f"{h.torch.version.display()} ({h.torch.build})"),
+            ("driver", self.driver.driver_version.display()),
+            ("CUDA (driver)", self.driver.cuda_driver_version.display()),
+        ]
+        inner = html_table(host_rows, caption="Host")
+        if self.gpus:
+            header = [
+                "GPU",
+                "cuda",
+                "name",
+                "cc",
+                "SMs",
+                "memory",
+                "util",
+                "power",
+                "temp",
+                "PCIe",
+                "notes",
+            ]
+            inner += html_grid(header, (_gpu_row(g) for g in self.gpus))
+        else:
+            inner += f"<p><b>No NVIDIA GPU.</b> {esc(self.no_gpu_reason)}</p>"
+        for note in self.notes:
+            inner += f"<p style='opacity:.8'>note: {esc(note)}</p>"
+        return card("gpudiag inspect", inner, subtitle=self.header())
+
+
+def _cc(gpu: Gpu) -> str:
+    cc = gpu.compute_capability
+    return f"{cc[0]}.{cc[1]}" if cc else "?"
+
+
+def _pcie(info: GpuInfo) -> str:
+    p = info.pcie
+    if not p.gen_current.ok:
+        return p.gen_current.display()
+    return (
+        f"gen {p.gen_current.value}/{p.gen_max.get('?')} "
+        f"x{p.width_current.get('?')}/{p.width_max.get('?')}"
+    )
+
+
+def _flags(gpu: Gpu) -> list[str]:
+    info, state = gpu.info, gpu.state
+    notes = []
+    if info.mig_enabled.get(False):
+        notes.append(f"MIG on: {len(info.mig_instances)} instances")
+    if info.persistence_mode.ok:
+        notes.append(f"persistence {'on' if info.persistence_mode.value else 'off'}")
+    if info.ecc_enabled.ok:
+        notes.append(f"ECC {'on' if info.ecc_enabled.value else 'off'}")
+    if info.virtualization.ok and info.virtualization.value not in ("none", ""):
+        notes.append(f"virtualization: {info.virtualization.value}")
+    reasons = state.clock_event_reasons.get(())
+    if reasons:
+        notes.append("clock events: " + ", ".join(reasons))
+    return notes
+
+
+def _memory(gpu: Gpu) -> str:
+    used, total = gpu.state.memory_used_bytes, gpu.info.memory_total_bytes
+    if used.ok and total.ok:
+        return f"{used.get(0) / _MIB:,.0f} MiB / {total.get(0) / _GIB:.1f} GiB"
+    return f"{used.display()} / {_gib(total)}"
+
+
+def _power(gpu: Gpu) -> str:
+    power, limit = gpu.state.power_w, gpu.info.power_limit_w
+    text = power.display("W", "{:.1f}")
+    return f"{text} / {limit.value:.0f} W" if limit.ok else text
+
+
+def _gpu_lines(gpu: Gpu) -> list[str]:
+    info, state = gpu.info, gpu.state
+    where = f" (cuda:{info.cuda_index})" if info.cuda_index is not None else ""
+    sms = f"{info.sm_count.value} SMs" if info.sm_count.ok else "SMs ?"
+    lines = [f"GPU {info.index}  {info.name.display()}{where}  cc {_cc(gpu)}  {sms}"]
+    lines.append(
+        f"  memory {_memory(gpu)}   util {state.gpu_util_pct.display('%', '{:.0f}')}   "
+        f"power {_power(gpu)}   temp {state.temperature_c.display('C', '{:.0f}')}"
+    )
+    lines.append(
+        f"  clocks SM {state.sm_clock_mhz.get('?')}/{info.max_sm_clock_mhz.get('?')} MHz, "
+        f"memory {state.memory_clock_mhz.get('?')}/{info.max_memory_clock_mhz.get('?')} MHz   "
+        f"PCIe {_pcie(info)}   {state.performance_state.get('')}"
+    )
+    flags = _flags(gpu)
+    if flags:
+        lines.append("  " + "; ".join(flags))
+    for mig in info.mig_instances:
+        lines.append(
+            f"  MIG {mig.index}: GI {mig.gpu_instance_id.get('?')} "
+            f"CI {mig.compute_instance_id.get('?')}, "
+            f"{mig.sm_count.get('?')} SMs, {_gib(mig.memory_total_bytes)}"
+        )
+    active = [n for n in info.nvlinks if n.active.get(False)]
+    if info.nvlinks:
+        lines.append(f"  NVLink: {len(active)}/{len(info.nvlinks)} links active")
+    procs = state.processes.get(None)
+    if procs:
+        shown = ", ".join(
+            f"{p.pid} {_program(p.name)} ({_mib(p.used_memory_bytes, short=True)})"
+            for p in procs[:4]
+        )
+        more = f" and {len(procs) - 4} more" if len(procs) > 4 else ""
+        lines.append(f"  processes: {shown}{more}")
+    return lines
+
+
+def _gpu_row(gpu: Gpu) -> list[str]:
+    info, state = gpu.info, gpu.state
+    return [
+        str(info.index),
+        "" if info.cuda_index is None else str(info.cuda_index),
+        info.name.display(),
+        _cc(gpu),
+        str(info.sm_count.get("?")),
+        _memory(gpu),
+        state.gpu_util_pct.display("%", "{:.0f}"),
+        _power(gpu),
+        state.temperature_c.display("C", "{:.0f}"),
+        _pcie(info),
+        "; ".join(_flags(gpu)),
+    ]
+
+
+def inspect(
+    replay: str | os.PathLike[str] | None = None,
+    *,
+    backend: Backend | None = None,
+    host: HostInfo | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SystemReport:
+    """Report the host and the GPUs. Never raises for a missing driver, library or GPU.
+
+    ``replay`` plays a recorded machine instead (``nvidia-smi -q -x`` XML, or a JSON snapshot
+    from ``gpudiag inspect --json``); the report then says it is a recording.
+    """
+    if backend is None:
+        backend = ReplayBackend.from_file(replay) if replay is not None else default_backend()
+    env = os.environ if env is None else env
+    notes: list[str] = []
+    if host is None:
+        recorded_host = getattr(backend, "host", None)
+        host = recorded_host if recorded_host is not None else probe_host()
+        if backend.is_recording and recorded_host is None:
+            notes.append("host facts are this machine's: the recording holds only the GPUs")
+    count = backend.gpu_count()
+    infos = tuple(enrich_from_specs(i) for i in backend.gpu_infos())
+    states = backend.sample()
+    mapping_method = ""
+    if infos and not backend.is_recording:
+        torch_uuids = cuda.visible_uuids() if cuda.initialized() else None
+        mapping = match_cuda_indices(infos, env=env, torch_uuids=torch_uuids)
+        infos = tuple(
+            dataclasses.replace(i, cuda_index=mapping.cuda_index.get(i.index)) for i in infos
+        )
+        mapping_method = mapping.method
+        if mapping.note:
+            notes.append(mapping.note)
+    if backend.is_recording and infos and not any(i.cuda_index is not None for i in infos):
+        # In a recording the GPUs were all visible to their own machine, in PCI order.
+        infos = tuple(dataclasses.replace(i, cuda_index=n) for n, i in enumerate(infos))
+        mapping_method = "pci order (as recorded)"
+    bindings = getattr(getattr(backend, "session", None), "bindings_problem", None)
+    if bindings:
+        notes.append(bindings)
+    return SystemReport(
+        host=host,
+        gpus=tuple(Gpu(info, state) for info, state in zip(infos, states, strict=False)),
+        driver=backend.driver(),
+        gpu_count=count,
+        source="recording" if backend.is_recording else "live",
+        label=backend.label,
+        recorded_at=getattr(backend, "recorded_at", "")
+        or ("" if backend.is_recording else _dt.datetime.now().isoformat(timespec="seconds")),
+        cuda_mapping=mapping_method,
+        notes=tuple(notes),
+    )
