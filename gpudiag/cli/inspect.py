@@ -1,0 +1,26 @@
+"""Report the host, the GPUs, the driver and torch (or a recorded machine with --replay)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gpudiag.probe.system import inspect
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (a snapshot)")
+    parser.add_argument(
+        "--replay",
+        metavar="FILE",
+        help="report a recorded machine: `nvidia-smi -q -x` XML or a gpudiag JSON snapshot",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    report = inspect(replay=args.replay)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report)
+    return 0

@@ -1,0 +1,18 @@
+"""Report the host, the GPUs, the driver and torch (``--replay FILE`` for a recorded machine)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpudiag.probe.system import SystemReport, inspect
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--replay", metavar="FILE", help="nvidia-smi -q -x XML or a gpudiag snapshot"
+    )
+
+
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> SystemReport:
+    return inspect(replay=args.replay)

@@ -1,0 +1,67 @@
+"""`%load_ext gpudiag` in a real in-process IPython shell: dispatcher, help, inspect."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from IPython.testing.globalipapp import get_ipython
+
+from gpudiag.probe.system import SystemReport
+from tests.conftest import FIXTURES
+
+
+@pytest.fixture(scope="module")
+def ip() -> Iterator[Any]:
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "gpudiag")
+    yield shell
+    shell.run_line_magic("unload_ext", "gpudiag")
+
+
+def test_help_lists_subcommands(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("gpudiag", "help")
+    out = capsys.readouterr().out
+    assert "inspect" in out
+    assert "%gpudiag" in out
+
+
+def test_question_mark_doc_explains_subcommands(ip: Any) -> None:
+    magic = ip.find_line_magic("gpudiag")
+    assert "inspect" in (magic.__doc__ or "")
+
+
+def test_inspect_returns_the_report(ip: Any) -> None:
+    report = ip.run_line_magic("gpudiag", "inspect")
+    assert isinstance(report, SystemReport)
+    assert not report.is_recording
+
+
+def test_inspect_replay(ip: Any) -> None:
+    path = FIXTURES / "nvidia-smi-xml" / "tesla-t4.xml"
+    report = ip.run_line_magic("gpudiag", f"inspect --replay {path}")
+    assert report.is_recording
+    assert report.gpus[0].name == "Tesla T4"
+
+
+def test_unknown_subcommand_is_explained_not_raised(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ip.run_line_magic("gpudiag", "frobnicate") is None
+    assert "unknown subcommand 'frobnicate'" in capsys.readouterr().out
+
+
+def test_bad_option_prints_usage(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ip.run_line_magic("gpudiag", "inspect --nope") is None
+    assert "unrecognized arguments" in capsys.readouterr().out
+
+
+def test_user_error_is_printed_not_raised(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ip.run_line_magic("gpudiag", "inspect --replay /no/such/file.xml") is None
+    assert "cannot read recording" in capsys.readouterr().out
+
+
+def test_help_for_one_subcommand(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("gpudiag", "help inspect")
+    assert "--replay" in capsys.readouterr().out
