@@ -1,0 +1,38 @@
+"""Occupancy of a kernel launch, with sliders and a plot against block size (or --no-widget)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpudiag.analysis.occupancy import carveout_config_bytes
+from gpudiag.cli.occupancy import add_arguments as _add_cli_arguments
+from gpudiag.cli.occupancy import answer, question
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_cli_arguments(parser)
+    parser.add_argument(
+        "--no-widget", action="store_true", help="show the result only, without sliders and plot"
+    )
+
+
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    q = question(args)
+    occ, _ = answer(q)  # validates the inputs before any widget is built
+    if args.no_widget or args.json:
+        return occ.to_dict() if args.json else occ
+    from gpudiag.ui.occupancy import occupancy_explorer
+
+    carveout = q.carveout_kib
+    if q.carveout_percent is not None and q.carveout_percent >= 0:
+        # The widget offers the configurations themselves; show the one the percentage gives.
+        carveout = carveout_config_bytes(occ.cc, carveout_percent=q.carveout_percent) // 1024
+    return occupancy_explorer(
+        occ.cc,
+        q.threads,
+        q.regs,
+        q.static_smem + q.dynamic_smem,
+        carveout_kib=carveout,
+        barriers_per_block=q.barriers,
+    )

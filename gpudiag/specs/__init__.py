@@ -1,0 +1,47 @@
+"""What NVIDIA GPUs can do on paper: the spec table and per-compute-capability SM limits.
+
+Data lives in ``gpus.json`` and ``compute_capabilities.json`` next to this module (each row
+names its source), loaded on first use. Stdlib only, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+from gpudiag.specs._cc import (
+    CcFeatures,
+    ComputeCapability,
+    SmLimits,
+    SpecsError,
+    UnknownComputeCapabilityError,
+    architecture_name,
+    cc_limits,
+    features,
+    known_compute_capabilities,
+    parse_compute_capability,
+)
+from gpudiag.specs._gpus import (
+    DTYPES,
+    GpuSpec,
+    all_gpus,
+    bandwidth_from_clock,
+    derive_gpu_spec,
+    lookup_gpu,
+)
+
+__all__ = [
+    "DTYPES",
+    "CcFeatures",
+    "ComputeCapability",
+    "GpuSpec",
+    "SmLimits",
+    "SpecsError",
+    "UnknownComputeCapabilityError",
+    "all_gpus",
+    "architecture_name",
+    "bandwidth_from_clock",
+    "cc_limits",
+    "derive_gpu_spec",
+    "features",
+    "known_compute_capabilities",
+    "lookup_gpu",
+    "parse_compute_capability",
+]
