@@ -1,0 +1,292 @@
+"""``analyze_trace``: decode trace files and run every analysis on each rank."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from gpudiag.analysis.trace.breakdown import (
+    GpuRows,
+    comm_compute_overlap,
+    gpu_rows,
+    host_wait_gaps,
+    overlap_by_category_set,
+    stream_idle,
+    temporal,
+)
+from gpudiag.analysis.trace.cpu_ops import cpu_ops
+from gpudiag.analysis.trace.kernels import (
+    KernelColumns,
+    kernel_category,
+    kernel_table,
+    launch_columns,
+    tensor_core_use,
+)
+from gpudiag.analysis.trace.launches import launch_stats
+from gpudiag.analysis.trace.load import load_trace
+from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
+from gpudiag.analysis.trace.nesting import nest
+from gpudiag.analysis.trace.ranks import stragglers, summarize
+from gpudiag.analysis.trace.report import RankReport, TraceReport
+from gpudiag.analysis.trace.steps import dataloader_share, step_reports
+from gpudiag.analysis.trace.syncs import find_syncs, sync_sites
+from gpudiag.analysis.trace.transfers import transfers
+from gpudiag.analysis.trace.window import analysis_window, find_steps, gpu_mask
+from gpudiag.errors import TraceError
+
+PathLike = str | os.PathLike[str]
+_TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
+
+
+def _launch_rows(events: Events, rows: I64) -> I64:
+    """For each GPU row, the runtime row with the same correlation id (-1: not recorded)."""
+    rt = np.flatnonzero((events.kind == Kind.RUNTIME) & (events.correlation >= 0))
+    out = np.full(rows.size, -1, dtype=np.int64)
+    if rt.size == 0 or rows.size == 0:
+        return out
+    corr = events.correlation[rt]
+    order = np.argsort(corr, kind="stable")
+    corr_sorted, rt_sorted = corr[order], rt[order]
+    want = events.correlation[rows]
+    pos = np.clip(np.searchsorted(corr_sorted, want), 0, corr_sorted.size - 1)
+    hit = (corr_sorted[pos] == want) & (want >= 0)
+    out[hit] = rt_sorted[pos[hit]]
+    return out
+
+
+def _categories(events: Events, rows: I64) -> np.ndarray:
+    cache: dict[tuple[int, int], str] = {}
+    out = np.empty(rows.size, dtype=object)
+    for i, (nid, kind) in enumerate(
+        zip(events.name[rows].tolist(), events.kind[rows].tolist(), strict=True)
+    ):
+        cat = cache.get((nid, kind))
+        if cat is None:
+            cat = cache[(nid, kind)] = kernel_category(kind, events.names[nid])
+        out[i] = cat
+    return out
+
+
+def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
+    """Every analysis of one decoded trace file."""
+    ev = trace.events
+    notes: list[str] = []
+    steps = find_steps(ev)
+    window = analysis_window(ev, steps, include_last_step=include_last_step)
+    all_gpu = np.flatnonzero(gpu_mask(ev))
+    has_gpu = bool(all_gpu.size)
+    all_launch = _launch_rows(ev, all_gpu)
+    sync_ids = np.array(
+        [i for i, n in enumerate(ev.names) if n in SYNC_RUNTIME_NAMES], dtype=np.int32
+    )
+    sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, sync_ids))
+    nesting = nest(ev, np.concatenate((all_launch[all_launch >= 0], sync_calls)))
+    all_launch_ts = np.where(all_launch >= 0, ev.ts[np.clip(all_launch, 0, None)], np.nan)
+    all_cats = _categories(ev, all_gpu)
+    g_all: GpuRows | None = gpu_rows(ev, all_gpu, all_cats, all_launch_ts) if has_gpu else None
+
+    in_win = window.gpu[all_gpu]
+    win_rows = all_gpu[in_win]
+    win_launch = all_launch[in_win]
+    g_win = gpu_rows(ev, win_rows, all_cats[in_win], all_launch_ts[in_win])
+
+    breakdown = temporal(g_win) if win_rows.size else None
+    cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
+    op_rows = np.where(win_launch >= 0, nesting.parent_op[np.clip(win_launch, 0, None)], -1)
+    op_names = np.array(
+        [ev.names[ev.name[o]] if o >= 0 else None for o in op_rows.tolist()], dtype=object
+    )
+    kernels = kernel_table(ev, cols, op_names)
+    tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
+    launches = (
+        launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
+        if breakdown is not None
+        else None
+    )
+    n_steps_in_window = (
+        len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
+    )
+    step_list = step_reports(ev, steps, g_all, n_steps_in_window)
+    syncs = find_syncs(ev, nesting, steps, window.host)
+
+    if not has_gpu:
+        notes.append(
+            "CPU-only trace: no kernels, memory copies or GPU timeline were recorded, so the "
+            "GPU time breakdown, idle time, kernels, tensor cores, occupancy and memcpy "
+            "bandwidth cannot be told; the CPU operators, steps, DataLoader share and "
+            "host-copy operators (.item()) can. Profile on a CUDA machine for the GPU side."
+        )
+    elif not trace.devices:
+        notes.append(
+            "the trace has no deviceProperties: occupancy, SM efficiency and peak-bandwidth "
+            "comparisons are not available (they need the GPU's SM count and compute "
+            "capability)."
+        )
+    if has_gpu and not (all_launch >= 0).any():
+        notes.append(
+            "no GPU event can be tied to the CUDA runtime call that launched it (no "
+            "cuda_runtime events or correlation ids): host-wait idle time, launch delays and "
+            "tensor-core-eligible operators are not available."
+        )
+    if has_gpu and kernels and all(k.grid is None for k in kernels):
+        notes.append("kernels carry no launch configuration (grid/block/registers).")
+    if not steps:
+        notes.append(
+            "no ProfilerStep ranges (prof.step() was not called): the whole trace is analysed "
+            "as one window; per-step breakdown and DataLoader share are not available."
+        )
+    elif dataloader_share(step_list) is None:
+        notes.append(
+            "no DataLoader events inside the steps: the share of step time spent waiting on "
+            "data cannot be told (the loop may not iterate a torch DataLoader)."
+        )
+    if tc is not None and tc.eligible_without_tensor_cores_us is None:
+        notes.append(
+            "kernels could not be tied to the operators that launched them, so "
+            "tensor-core-eligible work without tensor cores is not available."
+        )
+    if trace.unknown_event_types:
+        listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
+        notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
+
+    return RankReport(
+        rank=rank,
+        path=trace.path,
+        world_size=trace.world_size,
+        devices=trace.devices,
+        events=len(ev),
+        file_bytes=trace.file_bytes,
+        window=window.description,
+        has_gpu_events=has_gpu,
+        breakdown=breakdown,
+        busy_by_category_set=overlap_by_category_set(g_win) if win_rows.size else {},
+        comm_compute_overlap=comm_compute_overlap(g_win) if win_rows.size else None,
+        stream_idle=stream_idle(g_win) if win_rows.size else (),
+        kernels=kernels,
+        tensor_cores=tc,
+        cpu_ops=cpu_ops(ev, nesting, window.host),
+        launches=launches,
+        transfers=transfers(ev, win_rows, trace.devices),
+        syncs=syncs,
+        sync_sites=sync_sites(syncs),
+        steps=step_list,
+        dataloader_share=dataloader_share(step_list),
+        notes=tuple(notes),
+        metadata=trace.metadata,
+    )
+
+
+def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        items: list[Path] = [Path(paths)]
+    else:
+        items = [Path(p) for p in paths]
+    out: list[Path] = []
+    for p in items:
+        if p.is_dir():
+            found = sorted(
+                q for q in p.iterdir() if q.is_file() and q.name.endswith(_TRACE_SUFFIXES)
+            )
+            if not found:
+                raise TraceError(f"no .json or .json.gz trace files in the folder {p}.")
+            out += found
+        else:
+            out.append(p)
+    if not out:
+        raise TraceError("no trace file given: pass a path, a list of paths or a folder.")
+    return out
+
+
+def _assign_ranks(traces: Sequence[RankTrace]) -> tuple[list[int], list[str]]:
+    notes: list[str] = []
+    claimed = Counter(t.rank for t in traces if t.rank is not None)
+    dup = sorted(r for r, c in claimed.items() if c > 1)
+    if dup:
+        files = [os.path.basename(t.path) for t in traces if t.rank in dup]
+        raise TraceError(
+            f"several files claim rank {dup[0]} ({', '.join(files)}): pass one trace per rank "
+            "(files from different runs cannot be compared rank by rank)."
+        )
+    used = set(claimed)
+    ranks: list[int] = []
+    unnamed: list[str] = []
+    nxt = 0
+    for t in traces:
+        if t.rank is not None:
+            ranks.append(t.rank)
+            continue
+        while nxt in used:
+            nxt += 1
+        ranks.append(nxt)
+        used.add(nxt)
+        unnamed.append(f"{os.path.basename(t.path)} -> {nxt}")
+    if unnamed and len(traces) > 1:
+        notes.append(
+            "no distributedInfo.rank in some files; ranks given by order: " + ", ".join(unnamed)
+        )
+    return ranks, notes
+
+
+def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = False) -> TraceReport:
+    if not traces:
+        raise TraceError("no trace to analyse.")
+    for t in traces:
+        if len(t.events) == 0:
+            raise TraceError(
+                f"{t.path} holds no events (metadata only): the profiler recorded nothing. "
+                "Make sure the profiled code ran inside the schedule's active steps and that "
+                "prof.step() is called once per step."
+            )
+    ranks, notes = _assign_ranks(traces)
+    reports = sorted(
+        (
+            analyze_rank(t, r, include_last_step=include_last_step)
+            for t, r in zip(traces, ranks, strict=True)
+        ),
+        key=lambda r: r.rank,
+    )
+    worlds = {t.world_size for t in traces if t.world_size}
+    missing: tuple[int, ...] = ()
+    if len(worlds) == 1:
+        world = worlds.pop()
+        missing = tuple(r for r in range(world) if r not in set(ranks))
+        if missing and len(missing) < world:
+            shown = ", ".join(map(str, missing[:16])) + ("..." if len(missing) > 16 else "")
+            notes.append(
+                f"world size {world}, but no trace for ranks {shown}: the per-rank comparison "
+                "and straggler search cover only the ranks given."
+            )
+    for r in reports:
+        prefix = f"rank {r.rank}: " if len(reports) > 1 else ""
+        notes += [prefix + n for n in r.notes]
+    summaries = tuple(
+        summarize(r.rank, r.breakdown, [s.duration_us for s in r.steps if s.in_window])
+        for r in reports
+        if r.breakdown is not None
+    )
+    return TraceReport(
+        ranks=tuple(reports),
+        comparison=summaries,
+        stragglers=stragglers(summaries),
+        missing_ranks=missing,
+        notes=tuple(notes),
+    )
+
+
+def analyze_trace(
+    path_or_paths: PathLike | Iterable[PathLike], *, include_last_step: bool = False
+) -> TraceReport:
+    """Analyse Kineto / torch.profiler traces: one file per rank (or a folder of them).
+
+    Reads ``.json`` and ``.json.gz`` files as ``torch.profiler`` writes them. With two or more
+    ``ProfilerStep`` ranges the last step is left out of the aggregates unless
+    ``include_last_step`` (HTA does the same, so the numbers compare). Raises
+    ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated or empty file; what a
+    readable trace cannot tell is listed in ``report.notes``.
+    """
+    files = _expand(path_or_paths)
+    return analyze_traces([load_trace(p) for p in files], include_last_step=include_last_step)

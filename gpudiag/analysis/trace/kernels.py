@@ -1,0 +1,454 @@
+"""GPU kernels: category, tensor-core use by name, and the per-kernel table with occupancy."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpudiag.analysis.trace.model import (
+    F64,
+    I64,
+    DeviceProperties,
+    Events,
+    Kind,
+    dense_codes,
+    fields_json,
+)
+
+COMPUTE, COMMUNICATION, MEMORY, SYNC = "compute", "communication", "memory", "sync"
+CATEGORIES: tuple[str, ...] = (COMPUTE, COMMUNICATION, MEMORY, SYNC)
+SHORT_KERNEL_US = 10.0
+
+# NCCL kernels, spelled as Holistic Trace Analysis matches them ("^nccl.*Kernel"), so that
+# the compute/communication split is the same in both tools.
+_NCCL = re.compile(r"^nccl.*Kernel")
+
+# Tensor-core kernels by name, Volta to Blackwell. cuBLAS/cuDNN name MMA shapes (h884 on
+# Volta, h1688/s1688/i8816 on Turing and TF32, h16816/s16816 on Ampere+), CUTLASS says
+# "tensorop" / OpClassTensorOp, XMMA/cuDNN v8 engines say xmma and sm80/sm90/sm100, Hopper
+# adds wgmma, Blackwell tcgen05/UMMA and cuBLASLt's nvjet kernels; FlashAttention and
+# fused-MHA kernels run on tensor cores.
+_TENSOR_CORE = re.compile(
+    r"hmma|wmma|wgmma|tcgen05|umma|nvjet|xmma|tensorop|"
+    r"(?:^|[^0-9])(?:884|1688|16816|16832|8816|8832)(?:[^0-9]|$)|"
+    r"sm(?:75|80|86|87|89|90a?|100a?|101|103|110|120|121)_\w*"
+    r"(?:gemm|fprop|dgrad|wgrad|conv|fmha|flash|attention|sdpa)|"
+    r"flash_fwd|flash_bwd|flash::|flash_attn|fmha|cutlass.*sm(?:80|90|100)",
+    re.IGNORECASE,
+)
+# FP32/FP64 kernels that run on the CUDA cores even inside tensor-core libraries.
+_CUDA_CORE = re.compile(r"simt|sgemm|dgemm|scudnn|gemv|f32f32_f32f32_f32", re.IGNORECASE)
+_TF32 = re.compile(r"tf32", re.IGNORECASE)
+
+# ATen operators whose work tensor cores could do (matmul, linear, conv, bmm, attention).
+_ELIGIBLE_OP = re.compile(
+    r"^_?(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|einsum|_addmm_activation|_scaled_mm|"
+    r"_int_mm|addmv)$|conv|attention|^_?cudnn_rnn|^lstm|^gru",
+    re.IGNORECASE,
+)
+
+
+def kernel_category(kind: int, name: str) -> str:
+    if kind == Kind.GPU_SYNC:
+        return SYNC
+    if kind in (Kind.MEMCPY, Kind.MEMSET):
+        return MEMORY
+    return COMMUNICATION if _NCCL.match(name) else COMPUTE
+
+
+def uses_tensor_cores(name: str) -> bool:
+    """Whether a kernel's name says it runs on tensor cores (a heuristic, by library naming)."""
+    if _CUDA_CORE.search(name) and not _TF32.search(name):
+        return False
+    return _TENSOR_CORE.search(name) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def is_tensor_core_eligible_op(op_name: str) -> bool:
+    """Whether an operator (``aten::addmm``, ``aten::cudnn_convolution``, ...) could use them."""
+    return _ELIGIBLE_OP.search(op_name.rsplit("::", 1)[-1]) is not None
+
+
+def short_name(name: str, width: int = 80) -> str:
+    """A kernel name without its argument list, cut to ``width`` characters."""
+    base = name
+    depth = 0
+    for i, ch in enumerate(name):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "(" and depth == 1 and i > 0:
+            base = name[:i]
+            break
+    base = base.removeprefix("void ").strip()
+    return base if len(base) <= width else base[: width - 1] + "\u2026"
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """One kernel name's calls in the analysed window (times in microseconds).
+
+    Launch configuration fields describe the configuration that took the most time.
+    Occupancy and SM efficiency are duration-weighted over the calls that recorded a
+    launch configuration; None when the trace has none (or no deviceProperties).
+    ``achieved_occupancy`` is an estimate from the launch (the blocks that fit on the SMs
+    given the grid), not a hardware counter: tools that read counters (Nsight Compute) can
+    give a lower figure.
+    """
+
+    name: str
+    category: str
+    count: int
+    total_us: float
+    mean_us: float
+    min_us: float
+    max_us: float
+    std_us: float
+    share: float  # of all kernel time (compute + communication) in the window
+    tensor_cores: bool
+    grid: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = None
+    blocks_per_sm: float | None = None
+    theoretical_occupancy: float | None = None
+    achieved_occupancy: float | None = None
+    sm_efficiency: float | None = None
+    occupancy_limited_by: tuple[str, ...] = ()
+    launched_by: str | None = None  # the operator that launched most of its time
+    short_calls: int = 0  # calls under 10 us
+
+    @property
+    def short_name(self) -> str:
+        return short_name(self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = fields_json(self)
+        out["short_name"] = self.short_name
+        return out
+
+
+@dataclass(frozen=True)
+class EligibleOp:
+    """A tensor-core-eligible operator and how much of its kernel time used tensor cores."""
+
+    name: str
+    count: int
+    kernel_us: float
+    tensor_core_us: float
+    top_kernel: str
+
+    @property
+    def without_tensor_cores_us(self) -> float:
+        return self.kernel_us - self.tensor_core_us
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = fields_json(self)
+        out["without_tensor_cores_us"] = self.without_tensor_cores_us
+        return out
+
+
+@dataclass(frozen=True)
+class TensorCoreUse:
+    """Tensor-core share of compute-kernel time, and eligible work that did not use them."""
+
+    share: float | None  # tensor-core kernel time / compute kernel time
+    tensor_core_us: float
+    compute_us: float
+    eligible_without_tensor_cores_us: float | None  # None: kernels could not be tied to ops
+    eligible_ops: tuple[EligibleOp, ...] = ()
+    linked_share: float = 0.0  # of compute kernel time tied to the operator that launched it
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_json(self)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelColumns:
+    """Per-row facts about the GPU rows of the window, aligned with ``rows``."""
+
+    rows: I64
+    category: np.ndarray  # str per row (object array)
+    tensor_cores: np.ndarray  # bool per row
+    theoretical: F64  # NaN where unknown
+    achieved: F64
+    sm_efficiency: F64
+    blocks_per_sm: F64
+    limited_by: list[tuple[str, ...]] = field(default_factory=list)
+
+
+def _device_for(devices: Sequence[DeviceProperties], device: int) -> DeviceProperties | None:
+    for d in devices:
+        if d.id == device:
+            return d
+    return devices[0] if devices else None
+
+
+def launch_columns(
+    events: Events, rows: I64, devices: Sequence[DeviceProperties], categories: np.ndarray
+) -> KernelColumns:
+    """Tensor-core flag, occupancy and SM efficiency for each GPU row (``categories``: from
+    ``kernel_category``, aligned with ``rows``)."""
+    names = events.names
+    name_ids = events.name[rows]
+    kinds = events.kind[rows]
+    cache_tc: dict[int, bool] = {}
+    tensor = np.zeros(rows.size, dtype=bool)
+    for i in np.flatnonzero(kinds == Kind.KERNEL).tolist():
+        nid = int(name_ids[i])
+        tc = cache_tc.get(nid)
+        if tc is None:
+            tc = cache_tc[nid] = uses_tensor_cores(names[nid])
+        tensor[i] = tc
+    theo, achieved, sm_eff, per_sm, limited = _occupancy(events, rows, devices)
+    return KernelColumns(rows, categories, tensor, theo, achieved, sm_eff, per_sm, limited)
+
+
+def _occupancy(
+    events: Events, rows: I64, devices: Sequence[DeviceProperties]
+) -> tuple[F64, F64, F64, F64, list[tuple[str, ...]]]:
+    n = rows.size
+    theo = np.full(n, np.nan)
+    achieved = np.full(n, np.nan)
+    sm_eff = np.full(n, np.nan)
+    per_sm = np.full(n, np.nan)
+    limited: list[tuple[str, ...]] = [()] * n
+    extra = events.extra[rows]
+    lt = events.launches
+    idx = np.flatnonzero((events.kind[rows] == Kind.KERNEL) & (extra >= 0))
+    if idx.size == 0 or not devices:
+        return theo, achieved, sm_eff, per_sm, limited
+    x = extra[idx]
+    blocks, threads = lt.blocks[x], lt.threads_per_block[x]
+    regs, smem = lt.registers_per_thread[x], lt.shared_memory_bytes[x]
+    dev_ids = events.device[rows][idx]
+    ok = (blocks > 0) & (threads > 0)
+    idx, blocks, threads, regs, smem, dev_ids = (
+        a[ok] for a in (idx, blocks, threads, regs, smem, dev_ids)
+    )
+    dev_of = {int(d): _device_for(devices, int(d)) for d in np.unique(dev_ids).tolist()}
+    sms_of = {d: (p.num_sms or 0) if p is not None else 0 for d, p in dev_of.items()}
+    sms = np.array([sms_of[d] for d in dev_ids.tolist()])
+    has_sms = sms > 0
+    bps = np.where(has_sms, blocks / np.maximum(sms, 1), np.nan)
+    per_sm[idx] = bps
+    sm_eff[idx] = np.minimum(bps, 1.0)
+    try:  # the calculator lives in its own module; an unknown card just leaves N/A
+        from gpudiag.analysis.occupancy import occupancy
+    except ImportError:  # pragma: no cover - shipped together
+        return theo, achieved, sm_eff, per_sm, limited
+    # One calculator call per distinct (device, block size, registers, shared memory).
+    configs: dict[tuple[int, int, int, int], int] = {}
+    inv = np.array(
+        [
+            configs.setdefault(key, len(configs))
+            for key in zip(
+                dev_ids.tolist(), threads.tolist(), regs.tolist(), smem.tolist(), strict=True
+            )
+        ],
+        dtype=np.int64,
+    )
+    c_theo = np.full(len(configs), np.nan)
+    c_active = np.full(len(configs), np.nan)
+    c_max_warps = np.full(len(configs), np.nan)
+    c_warps_per_block = np.full(len(configs), np.nan)
+    c_limit: list[tuple[str, ...]] = [()] * len(configs)
+    for (dev_id, t, r, sm), c in configs.items():
+        dev = dev_of[dev_id]
+        if dev is None or dev.compute_capability is None or r < 0 or sm < 0:
+            continue
+        occ = _theoretical(occupancy, dev.compute_capability, t, r, sm)
+        if occ is None:
+            continue
+        c_theo[c] = occ.occupancy
+        c_limit[c] = tuple(occ.limiting)
+        if occ.active_blocks_per_sm > 0 and occ.max_warps_per_sm > 0:
+            c_active[c] = occ.active_blocks_per_sm
+            c_max_warps[c] = occ.max_warps_per_sm
+            c_warps_per_block[c] = -(-t // (dev.warp_size or 32))
+    theo[idx] = c_theo[inv]
+    # Blocks resident per SM: the grid spread over the SMs, capped by what fits on one SM.
+    resident = np.minimum(bps, c_active[inv])
+    achieved[idx] = np.minimum(resident * c_warps_per_block[inv] / c_max_warps[inv], 1.0)
+    for i, c in zip(idx.tolist(), inv.tolist(), strict=True):
+        limited[i] = c_limit[c]
+    return theo, achieved, sm_eff, per_sm, limited
+
+
+def _theoretical(occupancy: Any, cc: tuple[int, int], threads: int, regs: int, smem: int) -> Any:
+    from gpudiag.errors import GpuDiagError
+
+    # Kineto records static + dynamic shared memory together; static is capped at 48 KiB,
+    # so anything above it must have been dynamic.
+    static, dynamic = (smem, 0) if smem <= 48 * 1024 else (0, smem)
+    try:
+        return occupancy(cc, threads, regs, smem_per_block=static, dynamic_smem_per_block=dynamic)
+    except (GpuDiagError, ValueError, TypeError):
+        return None
+
+
+def _weighted(values: F64, weights: F64) -> float | None:
+    ok = np.isfinite(values)
+    if not ok.any() or weights[ok].sum() <= 0:
+        return None
+    return float(np.sum(values[ok] * weights[ok]) / np.sum(weights[ok]))
+
+
+def kernel_table(
+    events: Events, cols: KernelColumns, launched_by: np.ndarray | None = None
+) -> tuple[KernelStats, ...]:
+    """Per-name statistics of the kernels (not memcpy/memset/sync) among ``cols.rows``."""
+    is_kernel = events.kind[cols.rows] == Kind.KERNEL
+    rows = cols.rows[is_kernel]
+    if rows.size == 0:
+        return ()
+    dur = events.dur[rows]
+    uniq, inv = dense_codes(events.name[rows])
+    count = np.bincount(inv)
+    total = np.bincount(inv, weights=dur)
+    sq = np.bincount(inv, weights=dur * dur)
+    mins = np.full(uniq.size, np.inf)
+    maxs = np.full(uniq.size, -np.inf)
+    np.minimum.at(mins, inv, dur)
+    np.maximum.at(maxs, inv, dur)
+    short = np.bincount(inv, weights=(dur < SHORT_KERNEL_US).astype(float))
+    grand = float(total.sum()) or 1.0
+    sub = np.flatnonzero(is_kernel)
+    theo, achieved = cols.theoretical[sub], cols.achieved[sub]
+    sm_eff, per_sm = cols.sm_efficiency[sub], cols.blocks_per_sm[sub]
+    tensor = cols.tensor_cores[sub]
+    cats = cols.category[sub]
+    extra = events.extra[rows]
+    lt = events.launches
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
+    out: list[KernelStats] = []
+    for g in range(uniq.size):
+        members = order[bounds[g] : bounds[g + 1]]
+        w = dur[members]
+        n = int(count[g])
+        mean = total[g] / n
+        var = (sq[g] - n * mean * mean) / (n - 1) if n > 1 else 0.0
+        grid = block = None
+        regs = smem = None
+        limit: tuple[str, ...] = ()
+        xs = extra[members]
+        if (xs >= 0).any():
+            # The launch configuration that accounts for the most time.
+            by_cfg: dict[tuple[Any, ...], float] = {}
+            first: dict[tuple[Any, ...], int] = {}
+            for m, x in zip(members.tolist(), xs.tolist(), strict=True):
+                if x < 0:
+                    continue
+                cfg = (lt.grid[x], lt.block[x], int(lt.registers_per_thread[x]),
+                       int(lt.shared_memory_bytes[x]))  # fmt: skip
+                by_cfg[cfg] = by_cfg.get(cfg, 0.0) + float(dur[m])
+                first.setdefault(cfg, m)
+            best = max(by_cfg, key=by_cfg.__getitem__)
+            grid, block = best[0], best[1]
+            regs = best[2] if best[2] >= 0 else None
+            smem = best[3] if best[3] >= 0 else None
+            limit = cols.limited_by[sub[first[best]]] if cols.limited_by else ()
+        launcher = None
+        if launched_by is not None:
+            ops = launched_by[sub[members]]
+            known = [o for o in ops.tolist() if o]
+            if known:
+                launcher = max(set(known), key=known.count)
+        out.append(
+            KernelStats(
+                name=events.names[int(uniq[g])],
+                category=str(cats[members[0]]),
+                count=n,
+                total_us=float(total[g]),
+                mean_us=float(mean),
+                min_us=float(mins[g]),
+                max_us=float(maxs[g]),
+                std_us=float(np.sqrt(max(var, 0.0))),
+                share=float(total[g] / grand),
+                tensor_cores=bool(tensor[members].any()),
+                grid=grid,
+                block=block,
+                registers_per_thread=regs,
+                shared_memory_bytes=smem,
+                blocks_per_sm=_weighted(per_sm[members], w),
+                theoretical_occupancy=_weighted(theo[members], w),
+                achieved_occupancy=_weighted(achieved[members], w),
+                sm_efficiency=_weighted(sm_eff[members], w),
+                occupancy_limited_by=limit,
+                launched_by=launcher,
+                short_calls=int(short[g]),
+            )
+        )
+    out.sort(key=lambda k: -k.total_us)
+    return tuple(out)
+
+
+def tensor_core_use(
+    events: Events, cols: KernelColumns, op_of_row: I64, op_names: Sequence[str | None]
+) -> TensorCoreUse:
+    """Tensor-core share and the eligible operators whose kernels did not use them.
+
+    ``op_of_row[i]`` is the host row of the operator that launched GPU row ``cols.rows[i]``
+    (-1: unknown); ``op_names[i]`` its name.
+    """
+    compute = (cols.category == COMPUTE) & (events.kind[cols.rows] == Kind.KERNEL)
+    dur = events.dur[cols.rows]
+    compute_us = float(dur[compute].sum())
+    tc_us = float(dur[compute & cols.tensor_cores].sum())
+    share = tc_us / compute_us if compute_us > 0 else None
+    linked = compute & (op_of_row >= 0)
+    linked_us = float(dur[linked].sum())
+    linked_share = linked_us / compute_us if compute_us > 0 else 0.0
+    if linked_us <= 0:
+        return TensorCoreUse(share, tc_us, compute_us, None, (), linked_share)
+    idx = np.flatnonzero(linked)
+    # Per operator call: its kernels' time, and whether any of them used tensor cores.
+    per_call: dict[int, list[Any]] = {}
+    for i in idx.tolist():
+        op_row = int(op_of_row[i])
+        name = op_names[i] or "?"
+        if not is_tensor_core_eligible_op(name):
+            continue
+        entry = per_call.setdefault(op_row, [name, 0.0, 0.0, {}])
+        d = float(dur[i])
+        entry[1] += d
+        if cols.tensor_cores[i]:
+            entry[2] += d
+        kname = events.names[events.name[cols.rows[i]]]
+        entry[3][kname] = entry[3].get(kname, 0.0) + d
+    by_name: dict[str, list[Any]] = {}
+    without = 0.0
+    for name, kernel_us, tc, kernels in per_call.values():
+        agg = by_name.setdefault(name, [0, 0.0, 0.0, {}])
+        agg[0] += 1
+        agg[1] += kernel_us
+        # A call that used tensor cores for its main kernel counts as using them, even if a
+        # small helper kernel (an offsets or bias kernel) did not.
+        agg[2] += kernel_us if tc > 0 else 0.0
+        if tc <= 0:
+            without += kernel_us
+        for k, v in kernels.items():
+            agg[3][k] = agg[3].get(k, 0.0) + v
+    ops = tuple(
+        sorted(
+            (
+                EligibleOp(
+                    name=name,
+                    count=c,
+                    kernel_us=k_us,
+                    tensor_core_us=t_us,
+                    top_kernel=short_name(max(ks, key=ks.__getitem__)),
+                )
+                for name, (c, k_us, t_us, ks) in by_name.items()
+            ),
+            key=lambda o: -o.without_tensor_cores_us,
+        )
+    )
+    return TensorCoreUse(share, tc_us, compute_us, without, ops, linked_share)

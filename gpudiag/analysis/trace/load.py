@@ -1,0 +1,518 @@
+"""Reads Kineto traces (.json / .json.gz) in bounded memory into columnar ``RankTrace``s.
+
+The file is decompressed in blocks; each block's complete events are decoded by msgspec
+straight into small typed structs that keep only the fields the analyses use, then appended
+to flat arrays. A 1 M-event trace therefore never exists as a million Python dicts, nor as
+one 300 MB string next to its decoded form.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from array import array
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from gpudiag.analysis.trace.model import (
+    IGNORED_CATEGORIES,
+    KIND_OF_CATEGORY,
+    STEP_PREFIX,
+    SYNC_CONTEXT_OPS,
+    SYNC_RUNTIME_NAMES,
+    DeviceProperties,
+    Events,
+    Kind,
+    LaunchTable,
+    RankTrace,
+)
+from gpudiag.errors import TraceError
+
+BLOCK_BYTES = 8 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+# Where one event object ends and the next begins. A match can also sit inside a nested
+# object or a string; decoding the block then fails and an earlier match is tried.
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_STREAM_TID = re.compile(r"stream\s*(\d+)")
+_TAIL_WINDOW = 1 << 16
+_MAX_CUT_TRIES = 8
+_IGNORED = IGNORED_CATEGORIES
+_KIND_OF_CATEGORY = {cat: int(kind) for cat, kind in KIND_OF_CATEGORY.items()}
+_OTHER = int(Kind.OTHER)
+_KERNEL = int(Kind.KERNEL)
+_KNOWN_PHASES = frozenset({"s", "f", "t", "i", "I", "C"})  # flows, instants, counters
+
+
+class _Args(msgspec.Struct, gc=False):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    external_id_v1: int | None = msgspec.field(default=None, name="external id")
+    correlation: int | None = None
+    stream: int | None = None
+    device: int | None = None
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    registers_per_thread: int | None = msgspec.field(default=None, name="registers per thread")
+    shared_memory: int | None = msgspec.field(default=None, name="shared memory")
+    achieved_occupancy_pct: float | None = msgspec.field(
+        default=None, name="est. achieved occupancy %"
+    )
+    nbytes: int | None = msgspec.field(default=None, name="bytes")
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+class _Tail(msgspec.Struct, gc=False):
+    """The end of a trace object: the last events and whatever keys follow the list."""
+
+    traceEvents: list[_Event] = []
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    traceName: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+
+
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_TAIL_DECODER = msgspec.json.Decoder(_Tail)
+_ANY_DECODER = msgspec.json.Decoder()
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int) for x in value)
+
+
+def _loose_event(raw: Any) -> _Event | None:
+    """An event from an untyped dict, dropping fields of unexpected types (slow path)."""
+    if not isinstance(raw, dict):
+        return None
+
+    def pick(src: Mapping[str, Any], key: str, types: tuple[type, ...]) -> Any:
+        value = src.get(key)
+        if isinstance(value, bool) or not isinstance(value, types):
+            return None
+        return value
+
+    args = raw.get("args")
+    parsed_args = None
+    if isinstance(args, dict):
+        grid, block = args.get("grid"), args.get("block")
+        parsed_args = _Args(
+            external_id=pick(args, "External id", (int,)),
+            external_id_v1=pick(args, "external id", (int,)),
+            correlation=pick(args, "correlation", (int,)),
+            stream=pick(args, "stream", (int,)),
+            device=pick(args, "device", (int,)),
+            grid=grid if _int_list(grid) else None,
+            block=block if _int_list(block) else None,
+            registers_per_thread=pick(args, "registers per thread", (int,)),
+            shared_memory=pick(args, "shared memory", (int,)),
+            achieved_occupancy_pct=pick(args, "est. achieved occupancy %", (int, float)),
+            nbytes=pick(args, "bytes", (int,)),
+            call_stack=pick(args, "Call stack", (str,)),
+        )
+    ts, dur = pick(raw, "ts", (int, float)), pick(raw, "dur", (int, float))
+    pid, tid = pick(raw, "pid", (int, str)), pick(raw, "tid", (int, str))
+    return _Event(
+        ph=str(raw.get("ph", "")),
+        cat=str(raw.get("cat", "")),
+        name=str(raw.get("name", "")),
+        pid=0 if pid is None else pid,
+        tid=0 if tid is None else tid,
+        ts=None if ts is None else float(ts),
+        dur=None if dur is None else float(dur),
+        args=parsed_args,
+    )
+
+
+def _decode_events(text: bytes | bytearray) -> list[_Event]:
+    """Decode a JSON array of events; ``msgspec.DecodeError`` if it is not valid JSON."""
+    try:
+        return _EVENTS_DECODER.decode(text)
+    except msgspec.ValidationError:
+        # Valid JSON, unexpected types somewhere (a string stream id, a float id, ...).
+        loose = _ANY_DECODER.decode(text)
+        return [e for raw in loose if (e := _loose_event(raw)) is not None]
+
+
+class _Columns:
+    """Growing arrays for one trace; ``add`` takes a decoded block of events."""
+
+    def __init__(self) -> None:
+        self.kind = array("b")
+        self.name = array("i")
+        self.thread = array("i")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.correlation = array("q")
+        self.external_id = array("q")
+        self.stream = array("q")
+        self.device = array("q")
+        self.extra = array("q")
+        self.names: dict[str, int] = {}
+        self.threads: dict[tuple[int | str, int | str], int] = {}
+        self.stacks: dict[int, str] = {}
+        self.unknown: Counter[str] = Counter()
+        self.blocks = array("q")
+        self.threads_per_block = array("q")
+        self.registers = array("q")
+        self.smem = array("q")
+        self.nbytes = array("q")
+        self.kineto_occupancy = array("d")
+        self.grid: list[tuple[int, int, int] | None] = []
+        self.block: list[tuple[int, int, int] | None] = []
+        self.metadata_events = 0
+
+    def add(self, events: list[_Event]) -> None:
+        """Append a decoded block. Column by column: a list comprehension per field is
+        several times faster than appending every field of every event in one loop."""
+        phases = Counter([e.ph for e in events])
+        for ph, count in phases.items():
+            if ph == "M":
+                self.metadata_events += count
+            elif ph != "X" and ph not in _KNOWN_PHASES:
+                self.unknown[f"ph={ph or '?'}"] += count
+        complete = (
+            events if phases.get("X", 0) == len(events) else [e for e in events if e.ph == "X"]
+        )
+        xs = [e for e in complete if e.ts is not None and e.cat not in _IGNORED]
+        if len(xs) != len(complete):
+            missing = sum(1 for e in complete if e.ts is None)
+            if missing:
+                self.unknown["X event without ts"] += missing
+        if not xs:
+            return
+        first_row = len(self.ts)
+        kind_of = _KIND_OF_CATEGORY
+        kinds = [kind_of.get(e.cat, _OTHER) for e in xs]
+        if _OTHER in kinds:
+            self.unknown.update(
+                f"cat={e.cat or '?'}" for e, k in zip(xs, kinds, strict=True) if k == _OTHER
+            )
+        names, threads = self.names, self.threads
+        self.kind.fromlist(kinds)
+        self.name.fromlist([names.setdefault(e.name, len(names)) for e in xs])
+        self.thread.fromlist([threads.setdefault((e.pid, e.tid), len(threads)) for e in xs])
+        self.ts.fromlist([e.ts for e in xs])  # type: ignore[misc]
+        self.dur.fromlist([e.dur if e.dur is not None and e.dur > 0 else 0.0 for e in xs])
+        args = [e.args for e in xs]
+        self.correlation.fromlist(
+            [-1 if a is None or a.correlation is None else a.correlation for a in args]
+        )
+        self.external_id.fromlist(
+            [
+                -1
+                if a is None
+                else (
+                    a.external_id
+                    if a.external_id is not None
+                    else (-1 if a.external_id_v1 is None else a.external_id_v1)
+                )
+                for a in args
+            ]
+        )
+        n = len(xs)
+        stream = [-1] * n
+        device = [-1] * n
+        extra = [-1] * n
+        for i, k in enumerate(kinds):
+            if k >= _KERNEL:
+                a = args[i]
+                if a is not None:
+                    stream[i], device[i], extra[i] = self._add_gpu(xs[i], a, k)
+        self.stream.fromlist(stream)
+        self.device.fromlist(device)
+        self.extra.fromlist(extra)
+        for i, a in enumerate(args):
+            if a is not None and a.call_stack:
+                name = xs[i].name
+                if name in SYNC_RUNTIME_NAMES or name in SYNC_CONTEXT_OPS:
+                    self.stacks[first_row + i] = a.call_stack
+
+    def _add_gpu(self, e: _Event, a: _Args, kind: int) -> tuple[int, int, int]:
+        """(stream, device, launch-table row) of a GPU event; records its launch arguments."""
+        stream = a.stream
+        if stream is None:
+            m = _STREAM_TID.match(str(e.tid))
+            stream = int(m.group(1)) if m else (e.tid if isinstance(e.tid, int) else -1)
+        device = a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else -1)
+        if kind == Kind.GPU_SYNC or kind == Kind.GPU_ANNOTATION:
+            return stream, device, -1
+        row = len(self.blocks)
+        grid = tuple(a.grid[:3]) if a.grid and len(a.grid) >= 3 else None
+        block = tuple(a.block[:3]) if a.block and len(a.block) >= 3 else None
+        self.grid.append(grid)  # type: ignore[arg-type]
+        self.block.append(block)  # type: ignore[arg-type]
+        self.blocks.append(grid[0] * grid[1] * grid[2] if grid else -1)
+        self.threads_per_block.append(block[0] * block[1] * block[2] if block else -1)
+        self.registers.append(-1 if a.registers_per_thread is None else a.registers_per_thread)
+        self.smem.append(-1 if a.shared_memory is None else a.shared_memory)
+        self.nbytes.append(-1 if a.nbytes is None else a.nbytes)
+        occ = a.achieved_occupancy_pct
+        self.kineto_occupancy.append(float("nan") if occ is None else occ / 100.0)
+        return stream, device, row
+
+    def freeze(self) -> Events:
+        def np_of(values: array[Any], dtype: Any) -> Any:
+            return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype)
+
+        launches = LaunchTable(
+            blocks=np_of(self.blocks, np.int64),
+            threads_per_block=np_of(self.threads_per_block, np.int64),
+            registers_per_thread=np_of(self.registers, np.int64),
+            shared_memory_bytes=np_of(self.smem, np.int64),
+            nbytes=np_of(self.nbytes, np.int64),
+            kineto_achieved_occupancy=np_of(self.kineto_occupancy, np.float64),
+            grid=tuple(self.grid),
+            block=tuple(self.block),
+        )
+        kind = np_of(self.kind, np.int8).copy()
+        step_ids = [i for n, i in self.names.items() if n.startswith(STEP_PREFIX)]
+        if step_ids:
+            # ProfilerStep#N is a user_annotation in new traces, an "Operator" in old ones.
+            name_col = np_of(self.name, np.int32)
+            host = np.isin(kind, np.array([Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER], np.int8))
+            kind[host & np.isin(name_col, np.array(step_ids, np.int32))] = Kind.STEP
+        return Events(
+            kind=kind,
+            name=np_of(self.name, np.int32),
+            thread=np_of(self.thread, np.int32),
+            ts=np_of(self.ts, np.float64),
+            dur=np_of(self.dur, np.float64),
+            correlation=np_of(self.correlation, np.int64),
+            external_id=np_of(self.external_id, np.int64),
+            stream=np_of(self.stream, np.int64),
+            device=np_of(self.device, np.int64),
+            extra=np_of(self.extra, np.int64),
+            names=tuple(self.names),
+            threads=tuple((str(p), str(t)) for p, t in self.threads),
+            launches=launches,
+            stacks=dict(self.stacks),
+        )
+
+
+def _blocks(path: Path) -> Iterator[bytes]:
+    """The file's bytes, gunzipped when it is gzip (by its magic number, not its name)."""
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        raise TraceError(f"trace file not found: {path}. Check the path.") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc.strerror or exc}.") from None
+    with fh:
+        first = fh.read(BLOCK_BYTES)
+        if not first.startswith(_GZIP_MAGIC):
+            while first:
+                yield first
+                first = fh.read(BLOCK_BYTES)
+            return
+        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        data = first
+        try:
+            while True:
+                while data:
+                    out = inflater.decompress(data, BLOCK_BYTES)
+                    data = inflater.unconsumed_tail
+                    if out:
+                        yield out
+                    if inflater.eof:
+                        # A second gzip member (concatenated files) starts right after.
+                        rest = inflater.unused_data + data
+                        if not rest.strip(b"\0"):
+                            data = b""
+                            break
+                        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                        data = rest
+                if inflater.eof:
+                    data = fh.read(BLOCK_BYTES)
+                    if not data:
+                        return
+                    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+                    continue
+                data = fh.read(BLOCK_BYTES)
+                if not data:
+                    tail = inflater.flush()
+                    if tail:
+                        yield tail
+                    raise TraceError(
+                        f"{path} is a truncated gzip file (it ends before the compressed "
+                        "stream does). Copy or export the trace again."
+                    )
+        except zlib.error as exc:
+            raise TraceError(
+                f"{path} is not a valid gzip file ({exc}). Re-export it, or gunzip it by hand "
+                "to see whether the JSON inside survived."
+            ) from None
+
+
+def _json_error(path: Path, exc: Exception, offset: int) -> TraceError:
+    text = str(exc)
+    if "truncated" in text.lower() or "unexpected end" in text.lower():
+        return TraceError(
+            f"{path} ends in the middle of the JSON (truncated near byte {offset:,}): the "
+            "profiler's export was probably interrupted. Export the trace again."
+        )
+    return TraceError(
+        f"{path} is not valid Kineto/Chrome-trace JSON ({text}, near byte {offset:,}). "
+        "gpudiag reads the files torch.profiler writes (export_chrome_trace or "
+        "tensorboard_trace_handler)."
+    )
+
+
+def _decode_metadata(path: Path, text: bytes, offset: int) -> dict[str, Any]:
+    try:
+        value = _ANY_DECODER.decode(text)
+    except msgspec.DecodeError as exc:
+        raise _json_error(path, exc, offset) from None
+    if not isinstance(value, dict):
+        raise TraceError(f"{path}: the top level of the JSON is not an object or event list.")
+    return value
+
+
+def read_events(path: str | os.PathLike[str]) -> tuple[Events, dict[str, Any], int]:
+    """Decode one trace file: its events (columnar), its metadata, its size in bytes.
+
+    Raises ``TraceError`` for a missing, corrupt, truncated or non-JSON file.
+    """
+    p = Path(path)
+    columns = _Columns()
+    metadata: dict[str, Any] = {}
+    buf = b""
+    head: bytes | None = None
+    top_level_list = False
+    consumed = 0  # bytes of decompressed text already decoded, for error offsets
+    try:
+        for block in _blocks(p):
+            buf = buf + block if buf else block
+            if head is None:
+                stripped = buf.lstrip()
+                if stripped.startswith(b"["):
+                    top_level_list = True
+                    head = b""
+                    consumed += len(buf) - len(stripped) + 1
+                    buf = stripped[1:]
+                else:
+                    m = _EVENTS_KEY.search(buf)
+                    if m is None:
+                        continue
+                    head, buf = buf[: m.end()], buf[m.end() :]
+                    consumed += len(head)
+            buf, used = _decode_complete_events(buf, columns)
+            consumed += used
+    except TraceError:
+        raise
+    except MemoryError:
+        raise TraceError(f"{p} is too large to decode in this process's memory.") from None
+
+    if head is None:
+        # No event list found while streaming: a metadata-only file, or an odd layout.
+        metadata = _decode_metadata(p, buf, consumed)
+        events = metadata.pop("traceEvents", None)
+        if isinstance(events, list):
+            columns.add([e for raw in events if (e := _loose_event(raw)) is not None])
+    else:
+        if top_level_list:
+            try:
+                columns.add(_decode_events(b"[" + buf))
+            except msgspec.DecodeError as exc:
+                raise _json_error(p, exc, consumed) from None
+        else:
+            metadata.update(_decode_metadata(p, head + b"]}", 0))
+            metadata.pop("traceEvents", None)
+            text = b'{"traceEvents":[' + buf
+            try:
+                tail = _TAIL_DECODER.decode(text)
+            except msgspec.ValidationError:
+                loose = _decode_metadata(p, text, consumed)
+                raw_events = loose.pop("traceEvents", [])
+                metadata.update(loose)
+                columns.add([e for raw in raw_events if (e := _loose_event(raw)) is not None])
+            except msgspec.DecodeError as exc:
+                raise _json_error(p, exc, consumed) from None
+            else:
+                columns.add(tail.traceEvents)
+                for key in _Tail.__struct_fields__[1:]:
+                    value = getattr(tail, key)
+                    if value is not None:
+                        metadata[key] = value
+    if columns.unknown:
+        metadata.setdefault("_unknown", dict(columns.unknown))
+    size = p.stat().st_size
+    return columns.freeze(), metadata, size
+
+
+def _decode_complete_events(buf: bytes, columns: _Columns) -> tuple[bytes, int]:
+    """Decode every complete event at the start of ``buf``; return the rest and bytes used."""
+    end = len(buf)
+    tries = 0
+    while tries < _MAX_CUT_TRIES and end > 0:
+        start = max(0, end - _TAIL_WINDOW)
+        last = None
+        for m in _BOUNDARY.finditer(buf, start, end):
+            last = m
+        if last is None:
+            if start == 0:
+                return buf, 0
+            end = start + 8  # search further back (overlap so a match is not split)
+            continue
+        cut = last.start() + 1
+        try:
+            events = _decode_events(b"[" + buf[:cut] + b"]")
+        except msgspec.DecodeError:
+            tries += 1
+            end = last.start()
+            continue
+        columns.add(events)
+        nxt = last.end() - 1  # the "{" that starts the next event
+        return buf[nxt:], nxt
+    return buf, 0
+
+
+def _rank_of(metadata: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    info = metadata.get("distributedInfo")
+    if not isinstance(info, dict):
+        return None, None
+    rank, world = info.get("rank"), info.get("world_size")
+    return (
+        rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        world if isinstance(world, int) and not isinstance(world, bool) else None,
+    )
+
+
+def load_trace(path: str | os.PathLike[str]) -> RankTrace:
+    """Read one trace file into a ``RankTrace`` (see ``read_events`` for the errors)."""
+    events, metadata, size = read_events(path)
+    devices_raw = metadata.get("deviceProperties")
+    devices = tuple(
+        DeviceProperties.from_json(row)
+        for row in (devices_raw if isinstance(devices_raw, list) else [])
+        if isinstance(row, dict)
+    )
+    unknown = metadata.pop("_unknown", {})
+    rank, world = _rank_of(metadata)
+    return RankTrace(
+        path=str(path),
+        rank=rank,
+        world_size=world,
+        events=events,
+        devices=devices,
+        metadata={k: v for k, v in metadata.items() if k != "deviceProperties"},
+        unknown_event_types=unknown,
+        file_bytes=size,
+    )

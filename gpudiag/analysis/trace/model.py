@@ -1,0 +1,239 @@
+"""The decoded trace of one rank: columnar event arrays, device properties and metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+Bool = npt.NDArray[np.bool_]
+
+
+class Kind(enum.IntEnum):
+    """What an event is, whatever spelling its Kineto version used for the category."""
+
+    OTHER = 0  # a complete ("X") event of a category gpudiag does not analyse
+    CPU_OP = 1  # an ATen operator ("cpu_op", old "Operator")
+    ANNOTATION = 2  # record_function ranges ("user_annotation")
+    RUNTIME = 3  # CUDA runtime / driver API calls ("cuda_runtime", old "Runtime")
+    PYTHON = 4  # Python frames recorded with with_stack ("python_function")
+    STEP = 5  # ProfilerStep#N, whatever its category
+    KERNEL = 6  # GPU kernels ("kernel", old "Kernel")
+    MEMCPY = 7  # ("gpu_memcpy", old "Memcpy")
+    MEMSET = 8  # ("gpu_memset", old "Memset")
+    GPU_SYNC = 9  # synchronisation seen from the GPU side ("cuda_sync")
+    GPU_ANNOTATION = 10  # record_function ranges projected on a stream ("gpu_user_annotation")
+
+
+# Category spellings across Kineto versions (2021 traces capitalise them).
+KIND_OF_CATEGORY: dict[str, Kind] = {
+    "cpu_op": Kind.CPU_OP,
+    "Operator": Kind.CPU_OP,
+    "user_annotation": Kind.ANNOTATION,
+    "cuda_runtime": Kind.RUNTIME,
+    "Runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.RUNTIME,
+    "python_function": Kind.PYTHON,
+    "kernel": Kind.KERNEL,
+    "Kernel": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY,
+    "Memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET,
+    "Memset": Kind.MEMSET,
+    "cuda_sync": Kind.GPU_SYNC,
+    "gpu_user_annotation": Kind.GPU_ANNOTATION,
+}
+# Categories that are known and deliberately not analysed (not "unknown event types").
+IGNORED_CATEGORIES: frozenset[str] = frozenset(
+    {"Trace", "ac2g", "async", "fwdbwd", "async_cpu_to_gpu", "cuda_profiler_range"}
+)
+GPU_KINDS: tuple[Kind, ...] = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET, Kind.GPU_SYNC)
+# Kinds that run work on a stream (the idle-time breakdown walks these, as HTA does).
+GPU_WORK_KINDS: tuple[Kind, ...] = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+HOST_KINDS: tuple[Kind, ...] = (
+    Kind.CPU_OP,
+    Kind.ANNOTATION,
+    Kind.RUNTIME,
+    Kind.PYTHON,
+    Kind.STEP,
+    Kind.OTHER,
+)
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """One GPU as the trace's ``deviceProperties`` records it (CUDA's cudaDeviceProp names)."""
+
+    id: int
+    name: str
+    compute_capability: tuple[int, int] | None
+    num_sms: int | None
+    total_memory_bytes: int | None
+    max_threads_per_sm: int | None
+    registers_per_sm: int | None
+    shared_memory_per_sm_bytes: int | None
+    shared_memory_per_block_optin_bytes: int | None
+    warp_size: int | None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> DeviceProperties:
+        def num(key: str) -> int | None:
+            value = row.get(key)
+            return int(value) if isinstance(value, (int, float)) else None
+
+        major, minor = num("computeMajor"), num("computeMinor")
+        return cls(
+            id=num("id") or 0,
+            name=str(row.get("name", "unknown GPU")),
+            compute_capability=(major, minor) if major is not None and minor is not None else None,
+            num_sms=num("numSms"),
+            total_memory_bytes=num("totalGlobalMem"),
+            max_threads_per_sm=num("maxThreadsPerMultiprocessor"),
+            registers_per_sm=num("regsPerMultiprocessor"),
+            shared_memory_per_sm_bytes=num("sharedMemPerMultiprocessor"),
+            shared_memory_per_block_optin_bytes=num("sharedMemPerBlockOptin"),
+            warp_size=num("warpSize"),
+            raw=dict(row),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "compute_capability": list(self.compute_capability)
+            if self.compute_capability
+            else None,
+            "num_sms": self.num_sms,
+            "total_memory_bytes": self.total_memory_bytes,
+            "max_threads_per_sm": self.max_threads_per_sm,
+            "registers_per_sm": self.registers_per_sm,
+            "shared_memory_per_sm_bytes": self.shared_memory_per_sm_bytes,
+            "shared_memory_per_block_optin_bytes": self.shared_memory_per_block_optin_bytes,
+            "warp_size": self.warp_size,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class LaunchTable:
+    """Launch arguments of GPU events (kernels, memcpy, memset), indexed by ``Events.extra``."""
+
+    blocks: I64  # grid x*y*z; -1 when not recorded
+    threads_per_block: I64  # block x*y*z; -1 when not recorded
+    registers_per_thread: I64  # -1 when not recorded
+    shared_memory_bytes: I64  # static + dynamic, -1 when not recorded
+    nbytes: I64  # memcpy/memset size, -1 when not recorded
+    kineto_achieved_occupancy: F64  # Kineto's "est. achieved occupancy %" / 100, NaN if absent
+    grid: tuple[tuple[int, int, int] | None, ...]
+    block: tuple[tuple[int, int, int] | None, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Events:
+    """Every complete event of one trace file as parallel arrays (one row per event).
+
+    Integer columns use -1 for "not recorded". ``name`` and ``thread`` index ``names`` and
+    ``threads``. Times are microseconds on the trace's own clock.
+    """
+
+    kind: I8
+    name: I32
+    thread: I32
+    ts: F64
+    dur: F64
+    correlation: I64
+    external_id: I64
+    stream: I64
+    device: I64
+    extra: I64
+    names: tuple[str, ...]
+    threads: tuple[tuple[str, str], ...]
+    launches: LaunchTable
+    stacks: Mapping[int, str]  # event row -> "Call stack" arg, kept for sync events only
+
+    def __len__(self) -> int:
+        return int(self.ts.shape[0])
+
+    @property
+    def end(self) -> F64:
+        return self.ts + self.dur
+
+    def rows(self, *kinds: Kind) -> I64:
+        """Row indices of events of the given kinds, in file order."""
+        return np.flatnonzero(np.isin(self.kind, np.array([int(k) for k in kinds], np.int8)))
+
+
+@dataclass(frozen=True, eq=False)
+class RankTrace:
+    """One decoded trace file: its events, its GPUs and what the file says about itself."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    events: Events
+    devices: tuple[DeviceProperties, ...]
+    metadata: Mapping[str, Any]
+    unknown_event_types: Mapping[str, int]  # "ph/cat" -> count, for the report's notes
+    file_bytes: int
+
+
+# Host calls that block the CPU until the GPU catches up (CUDA runtime names).
+SYNC_RUNTIME_NAMES: frozenset[str] = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",  # the synchronous (non-Async) copy
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+    }
+)
+# ATen operators that copy a GPU scalar to the host (``.item()``, ``bool(t)``, ``int(t)``).
+SYNC_OP_NAMES: frozenset[str] = frozenset({"aten::_local_scalar_dense"})
+STEP_PREFIX = "ProfilerStep#"
+DATALOADER_PREFIX = "enumerate(DataLoader)"
+# Operators inside which a sync call usually happens; their "Call stack" is kept so that a
+# sync recorded without its own stack can borrow its operator's.
+SYNC_CONTEXT_OPS: frozenset[str] = SYNC_OP_NAMES | frozenset(
+    {
+        "aten::copy_",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::item",
+        "aten::nonzero",
+        "aten::is_nonzero",
+        "aten::equal",
+        "aten::masked_select",
+        "aten::unique",
+        "aten::_unique2",
+        "aten::repeat_interleave",
+    }
+)
+
+
+def dense_codes(ids: npt.NDArray[np.integer[Any]]) -> tuple[I64, I64]:
+    """``np.unique(ids, return_inverse=True)`` for small non-negative ids, without sorting."""
+    if ids.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    present = np.bincount(ids) > 0
+    uniq = np.flatnonzero(present)
+    code = np.cumsum(present) - 1
+    return uniq, code[ids]
+
+
+def fields_json(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as JSON-safe values (nested results use their own to_dict)."""
+    from gpudiag._report import jsonable
+
+    out: dict[str, Any] = jsonable({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    return out

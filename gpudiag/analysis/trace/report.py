@@ -1,0 +1,418 @@
+"""``TraceReport``: what one or more profiler traces say the GPU (and the host) did."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.trace.breakdown import StreamIdle, TimeBreakdown
+from gpudiag.analysis.trace.cpu_ops import CpuOpStats
+from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
+from gpudiag.analysis.trace.launches import LaunchStats
+from gpudiag.analysis.trace.model import DeviceProperties
+from gpudiag.analysis.trace.ranks import RankSummary
+from gpudiag.analysis.trace.steps import StepReport
+from gpudiag.analysis.trace.syncs import SyncEvent, SyncSite
+from gpudiag.analysis.trace.transfers import TransferStats
+from gpudiag.errors import TraceError
+
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "span_us",
+    "compute_us",
+    "communication_us",
+    "memory_us",
+    "sync_us",
+    "idle_us",
+    "idle_host_wait_us",
+    "idle_kernel_wait_us",
+    "idle_other_us",
+)
+
+
+def _pct(value: float | None) -> str:
+    return "N/A" if value is None or not math.isfinite(value) else f"{value:.1%}"
+
+
+def _ms(us: float | None) -> str:
+    return "N/A" if us is None else f"{us / 1000:.2f} ms"
+
+
+@dataclass(frozen=True, eq=False)
+class RankReport:
+    """Everything gpudiag reads from one trace file (one rank).
+
+    Aggregates (breakdown, kernels, tensor cores, idle, memcpy, launches, CPU operators,
+    syncs) cover ``window``; ``steps`` lists every step.
+    """
+
+    rank: int
+    path: str
+    world_size: int | None
+    devices: tuple[DeviceProperties, ...]
+    events: int
+    file_bytes: int
+    window: str
+    has_gpu_events: bool
+    breakdown: TimeBreakdown | None
+    busy_by_category_set: Mapping[str, float]
+    comm_compute_overlap: float | None
+    stream_idle: tuple[StreamIdle, ...]
+    kernels: tuple[KernelStats, ...]
+    tensor_cores: TensorCoreUse | None
+    cpu_ops: tuple[CpuOpStats, ...]
+    launches: LaunchStats | None
+    transfers: tuple[TransferStats, ...]
+    syncs: tuple[SyncEvent, ...]
+    sync_sites: tuple[SyncSite, ...]
+    steps: tuple[StepReport, ...]
+    dataloader_share: float | None
+    notes: tuple[str, ...]
+    metadata: Mapping[str, Any]
+
+    @property
+    def device(self) -> DeviceProperties | None:
+        return self.devices[0] if self.devices else None
+
+    def __repr__(self) -> str:
+        gpu = f" on {self.device.name}" if self.device else ""
+        b = self.breakdown
+        busy = (
+            f", compute {_pct(b.share('compute_us'))}, idle {_pct(b.share('idle_us'))}"
+            if b is not None
+            else ", no GPU events"
+        )
+        return (
+            f"RankReport(rank {self.rank}{gpu}: {os.path.basename(self.path)}, "
+            f"{len(self.steps)} steps, {len(self.kernels)} kernels{busy})"
+        )
+
+    def _repr_html_(self) -> str:
+        return TraceReport((self,), (), (), (), self.notes)._repr_html_()
+
+    @property
+    def step_numbers(self) -> tuple[int, ...]:
+        return tuple(s.number for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "path": self.path,
+            "world_size": self.world_size,
+            "devices": [d.to_dict() for d in self.devices],
+            "events": self.events,
+            "file_bytes": self.file_bytes,
+            "window": self.window,
+            "has_gpu_events": self.has_gpu_events,
+            "time_breakdown": self.breakdown.to_dict() if self.breakdown else None,
+            "busy_by_category_set_us": jsonable(dict(self.busy_by_category_set)),
+            "comm_compute_overlap": jsonable(self.comm_compute_overlap),
+            "stream_idle": [s.to_dict() for s in self.stream_idle],
+            "kernels": [k.to_dict() for k in self.kernels],
+            "tensor_cores": self.tensor_cores.to_dict() if self.tensor_cores else None,
+            "cpu_ops": [o.to_dict() for o in self.cpu_ops],
+            "launches": self.launches.to_dict() if self.launches else None,
+            "transfers": [t.to_dict() for t in self.transfers],
+            "syncs": [s.to_dict() for s in self.syncs],
+            "sync_sites": [s.to_dict() for s in self.sync_sites],
+            "steps": [s.to_dict() for s in self.steps],
+            "dataloader_share": jsonable(self.dataloader_share),
+            "notes": list(self.notes),
+            "metadata": jsonable(
+                {k: v for k, v in self.metadata.items() if not isinstance(v, (list, dict))}
+            ),
+        }
+
+
+def _pooled(stats: list[KernelStats]) -> KernelStats:
+    """One row from the same kernel's rows on several ranks."""
+    first = max(stats, key=lambda k: k.total_us)
+    n = sum(k.count for k in stats)
+    total = sum(k.total_us for k in stats)
+    mean = total / n
+    ss = sum(k.std_us**2 * (k.count - 1) + k.count * k.mean_us**2 for k in stats)
+    var = (ss - n * mean * mean) / (n - 1) if n > 1 else 0.0
+
+    def weighted(attr: str) -> float | None:
+        pairs = [(getattr(k, attr), k.total_us) for k in stats if getattr(k, attr) is not None]
+        w = sum(t for _, t in pairs)
+        return sum(v * t for v, t in pairs) / w if pairs and w > 0 else None
+
+    return KernelStats(
+        name=first.name,
+        category=first.category,
+        count=n,
+        total_us=total,
+        mean_us=mean,
+        min_us=min(k.min_us for k in stats),
+        max_us=max(k.max_us for k in stats),
+        std_us=math.sqrt(max(var, 0.0)),
+        share=0.0,
+        tensor_cores=any(k.tensor_cores for k in stats),
+        grid=first.grid,
+        block=first.block,
+        registers_per_thread=first.registers_per_thread,
+        shared_memory_bytes=first.shared_memory_bytes,
+        blocks_per_sm=weighted("blocks_per_sm"),
+        theoretical_occupancy=weighted("theoretical_occupancy"),
+        achieved_occupancy=weighted("achieved_occupancy"),
+        sm_efficiency=weighted("sm_efficiency"),
+        occupancy_limited_by=first.occupancy_limited_by,
+        launched_by=first.launched_by,
+        short_calls=sum(k.short_calls for k in stats),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TraceReport:
+    """The analysis of one trace file per rank (``gd.analyze_trace`` / ``gd.profile``).
+
+    Accessors take ``rank=None`` to mean the only rank, or all ranks together (summed times,
+    pooled kernels). ``notes`` say what the traces could not tell and why.
+    """
+
+    ranks: tuple[RankReport, ...]
+    comparison: tuple[RankSummary, ...]
+    stragglers: tuple[int, ...]
+    missing_ranks: tuple[int, ...]
+    notes: tuple[str, ...]
+
+    # -- selection -------------------------------------------------------------------
+    def rank(self, rank: int | None = None) -> RankReport:
+        """The report of one rank (``None``: the first)."""
+        if rank is None:
+            return self.ranks[0]
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        known = ", ".join(str(r.rank) for r in self.ranks)
+        raise TraceError(f"no trace for rank {rank} in this report (ranks: {known}).")
+
+    def _selected(self, rank: int | None) -> tuple[RankReport, ...]:
+        return self.ranks if rank is None else (self.rank(rank),)
+
+    # -- the contract ------------------------------------------------------------------
+    def time_breakdown(self, rank: int | None = None) -> dict[str, float | None]:
+        """GPU time by category in microseconds (see ``TimeBreakdown``).
+
+        Keys: span_us, compute_us, communication_us, memory_us (memcpy + memset), sync_us,
+        idle_us and its split idle_host_wait_us / idle_kernel_wait_us / idle_other_us.
+        ``compute_us`` and ``idle_us`` are what Holistic Trace Analysis' temporal breakdown
+        reports as compute and idle time over the same window. A trace without GPU events
+        gives None for every key.
+        """
+        parts = [r.breakdown for r in self._selected(rank) if r.breakdown is not None]
+        if not parts:
+            return dict.fromkeys(BREAKDOWN_KEYS)
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        return dict(total.as_mapping())
+
+    @property
+    def dataloader_share(self) -> float | None:
+        """Share of step time spent waiting on the DataLoader (mean over ranks that can
+        tell); None when no trace has both ProfilerStep ranges and DataLoader events."""
+        values = [r.dataloader_share for r in self.ranks if r.dataloader_share is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def tensor_core_share(self) -> float | None:
+        """Share of compute-kernel time in kernels that run on tensor cores (by name)."""
+        uses = [r.tensor_cores for r in self.ranks if r.tensor_cores is not None]
+        compute = sum(u.compute_us for u in uses)
+        return sum(u.tensor_core_us for u in uses) / compute if compute > 0 else None
+
+    def kernels(self, rank: int | None = None) -> tuple[KernelStats, ...]:
+        """Every kernel name with its statistics and launch configuration, by total time."""
+        selected = self._selected(rank)
+        if len(selected) == 1:
+            return selected[0].kernels
+        by_name: dict[str, list[KernelStats]] = {}
+        for r in selected:
+            for k in r.kernels:
+                by_name.setdefault(k.name, []).append(k)
+        pooled = [_pooled(v) for v in by_name.values()]
+        grand = sum(k.total_us for k in pooled) or 1.0
+        out = [dataclasses.replace(k, share=k.total_us / grand) for k in pooled]
+        out.sort(key=lambda k: -k.total_us)
+        return tuple(out)
+
+    def top_kernels(self, n: int = 10, rank: int | None = None) -> tuple[KernelStats, ...]:
+        """The ``n`` kernels with the most total time."""
+        return self.kernels(rank)[: max(int(n), 0)]
+
+    # -- the rest ------------------------------------------------------------------------
+    def top_cpu_ops(self, n: int = 10, rank: int | None = None) -> tuple[CpuOpStats, ...]:
+        return self.rank(rank).cpu_ops[: max(int(n), 0)]
+
+    def steps(self, rank: int | None = None) -> tuple[StepReport, ...]:
+        return self.rank(rank).steps
+
+    def syncs(self, rank: int | None = None) -> tuple[SyncEvent, ...]:
+        """Sync calls and host-copy operators, with their Python call sites when recorded."""
+        return tuple(s for r in self._selected(rank) for s in r.syncs)
+
+    def sync_sites(self, rank: int | None = None) -> tuple[SyncSite, ...]:
+        return self.rank(rank).sync_sites
+
+    def idle_breakdown(self, rank: int | None = None) -> tuple[StreamIdle, ...]:
+        """Per-stream idle gaps split host-wait / kernel-wait / other (as HTA splits them)."""
+        return self.rank(rank).stream_idle
+
+    def transfers(self, rank: int | None = None) -> tuple[TransferStats, ...]:
+        return self.rank(rank).transfers
+
+    def launch_stats(self, rank: int | None = None) -> LaunchStats | None:
+        return self.rank(rank).launches
+
+    def comm_compute_overlap(self, rank: int | None = None) -> float | None:
+        return self.rank(rank).comm_compute_overlap
+
+    @property
+    def device_properties(self) -> tuple[DeviceProperties, ...]:
+        return self.ranks[0].devices
+
+    @property
+    def has_gpu_events(self) -> bool:
+        return any(r.has_gpu_events for r in self.ranks)
+
+    # -- output --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": [r.to_dict() for r in self.ranks],
+            "time_breakdown": jsonable(self.time_breakdown()),
+            "dataloader_share": jsonable(self.dataloader_share),
+            "tensor_core_share": jsonable(self.tensor_core_share),
+            "comparison": [c.to_dict() for c in self.comparison],
+            "stragglers": list(self.stragglers),
+            "missing_ranks": list(self.missing_ranks),
+            "notes": list(self.notes),
+        }
+
+    def _title(self) -> str:
+        if len(self.ranks) == 1:
+            r = self.ranks[0]
+            gpu = f" on {r.device.name}" if r.device else ""
+            return f"Trace {os.path.basename(r.path)} (rank {r.rank}){gpu}"
+        return f"Traces of {len(self.ranks)} ranks"
+
+    def _headline(self) -> list[tuple[str, str]]:
+        b = self.time_breakdown()
+        rows: list[tuple[str, str]] = []
+        span = b["span_us"]
+        if span:
+            rows.append(("GPU span", _ms(span)))
+            for key, label in (
+                ("compute_us", "compute"),
+                ("communication_us", "communication (NCCL)"),
+                ("memory_us", "memcpy / memset"),
+                ("sync_us", "sync events"),
+                ("idle_us", "idle"),
+            ):
+                value = b[key] or 0.0
+                rows.append((label, f"{_ms(value)} ({_pct(value / span)})"))
+            idle = b["idle_us"] or 0.0
+            if idle > 0:
+                rows.append(
+                    (
+                        "idle: host wait / kernel wait / other",
+                        " / ".join(
+                            _pct((b[k] or 0.0) / idle)
+                            for k in ("idle_host_wait_us", "idle_kernel_wait_us", "idle_other_us")
+                        ),
+                    )
+                )
+        rows.append(("tensor-core share of compute time", _pct(self.tensor_core_share)))
+        rows.append(("DataLoader share of step time", _pct(self.dataloader_share)))
+        first = self.ranks[0]
+        if first.launches and first.launches.launch_bound is not None:
+            verdict = "yes" if first.launches.launch_bound else "no"
+            rows.append(("launch-bound", f"{verdict}: {first.launches.reason}"))
+        n_sync = sum(len(r.syncs) for r in self.ranks)
+        if n_sync:
+            rows.append(("sync points", str(n_sync)))
+        return rows
+
+    def _repr_html_(self) -> str:
+        parts = [html_table(self._headline())]
+        top = self.top_kernels(8)
+        if top:
+            parts.append(
+                "<div style='margin-top:6px;font-weight:600'>Top kernels</div>"
+                + html_grid(
+                    ("kernel", "count", "total", "mean", "share", "tensor cores", "occupancy"),
+                    (
+                        (
+                            k.short_name,
+                            k.count,
+                            _ms(k.total_us),
+                            f"{k.mean_us:.1f} us",
+                            _pct(k.share),
+                            "yes" if k.tensor_cores else "no",
+                            _pct(k.theoretical_occupancy),
+                        )
+                        for k in top
+                    ),
+                )
+            )
+        elif self.ranks[0].cpu_ops:
+            parts.append(
+                "<div style='margin-top:6px;font-weight:600'>Top CPU operators</div>"
+                + html_grid(
+                    ("operator", "count", "total", "self"),
+                    (
+                        (o.name, o.count, _ms(o.total_us), _ms(o.self_us))
+                        for o in self.top_cpu_ops(8)
+                    ),
+                )
+            )
+        if len(self.comparison) > 1:
+            parts.append(
+                "<div style='margin-top:6px;font-weight:600'>Ranks</div>"
+                + html_grid(
+                    ("rank", "compute", "communication", "idle", "mean step", "straggler"),
+                    (
+                        (
+                            c.rank,
+                            _ms(c.compute_us),
+                            _ms(c.communication_us),
+                            _ms(c.idle_us),
+                            _ms(c.mean_step_us),
+                            "yes" if c.rank in self.stragglers else "",
+                        )
+                        for c in self.comparison
+                    ),
+                )
+            )
+        if self.notes:
+            parts.append(
+                "<ul style='margin:6px 0 0 1em;padding:0'>"
+                + "".join(f"<li>{esc(n)}</li>" for n in self.notes)
+                + "</ul>"
+            )
+        return card(self._title(), "".join(parts), subtitle=self.ranks[0].window)
+
+    def __repr__(self) -> str:
+        lines = [self._title(), f"  window: {self.ranks[0].window}"]
+        lines += [f"  {k}: {v}" for k, v in self._headline()]
+        top = self.top_kernels(5)
+        if top:
+            lines.append("  top kernels:")
+            lines += [
+                f"    {_pct(k.share):>6}  {_ms(k.total_us):>11}  x{k.count:<6} {k.short_name}"
+                for k in top
+            ]
+        elif self.ranks[0].cpu_ops:
+            lines.append("  top CPU operators:")
+            lines += [
+                f"    {_ms(o.total_us):>11}  x{o.count:<6} {o.name}" for o in self.top_cpu_ops(5)
+            ]
+        if self.stragglers:
+            lines.append(f"  stragglers: ranks {', '.join(map(str, self.stragglers))}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Host-device synchronisation points and the Python lines that caused them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpudiag.analysis.trace.model import (
+    SYNC_OP_NAMES,
+    SYNC_RUNTIME_NAMES,
+    Events,
+    Kind,
+    fields_json,
+)
+from gpudiag.analysis.trace.nesting import Nesting
+from gpudiag.analysis.trace.window import Step, step_of
+
+# Frames that belong to torch, the standard library or the interpreter, not the user.
+_INTERNAL_FRAME = re.compile(
+    r"(?:^|[/\\])(?:site-packages|dist-packages)[/\\]|^torch[/\\]|[/\\]torch[/\\]|"
+    r"^<built-in|^<frozen|^<string>|^threading\.py|[/\\]threading\.py|^contextlib\.py|"
+    r"[/\\]contextlib\.py|^typing\.py|[/\\]IPython[/\\]|^IPython[/\\]|[/\\]gpudiag[/\\]|"
+    r"^gpudiag[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]"
+)
+_MAX_RESOLVED = 5000  # call sites looked up per trace; more sync events are only counted
+
+
+def is_user_frame(frame: str) -> bool:
+    return _INTERNAL_FRAME.search(frame.strip()) is None
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One point where the host waited for the GPU (or may have: ``.item()`` copies)."""
+
+    name: str  # cudaStreamSynchronize, aten::_local_scalar_dense, ...
+    kind: str  # "runtime" (a CUDA call) or "op" (an operator that copies to the host)
+    start_us: float
+    duration_us: float
+    step: int | None  # ProfilerStep number
+    inside_op: str | None  # the operator the call happened in (aten::item, aten::to, ...)
+    call_site: str | None  # "train.py(42): step", from the stack when recorded
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_json(self)
+
+
+@dataclass(frozen=True)
+class SyncSite:
+    """Sync events grouped by where they came from."""
+
+    call_site: str | None
+    name: str
+    count: int
+    total_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_json(self)
+
+
+def _from_call_stack(stack: str) -> str | None:
+    # Kineto writes "Call stack" innermost frame first, frames separated by ";".
+    for frame in stack.split(";"):
+        if frame and is_user_frame(frame):
+            return frame.strip()
+    return None
+
+
+class _PythonFrames:
+    """Python frames (with_stack) of each thread, for the innermost user frame at a time."""
+
+    def __init__(self, events: Events) -> None:
+        rows = np.flatnonzero(events.kind == Kind.PYTHON)
+        self.events = events
+        self.by_thread: dict[int, Any] = {}
+        if rows.size:
+            threads = events.thread[rows]
+            for t in np.unique(threads).tolist():
+                r = rows[threads == t]
+                self.by_thread[t] = (r, events.ts[r], events.ts[r] + events.dur[r])
+        self.user: dict[int, bool] = {}
+
+    def user_frame_at(self, thread: int, start: float, end: float) -> str | None:
+        entry = self.by_thread.get(thread)
+        if entry is None:
+            return None
+        rows, ts, ends = entry
+        enclosing = np.flatnonzero((ts <= start) & (ends >= end))
+        names = self.events.names
+        # Innermost first: the frame that started last.
+        for i in enclosing[np.argsort(-ts[enclosing], kind="stable")].tolist():
+            nid = int(self.events.name[rows[i]])
+            ok = self.user.get(nid)
+            if ok is None:
+                ok = self.user[nid] = is_user_frame(names[nid])
+            if ok:
+                return names[nid]
+        return None
+
+
+def find_syncs(
+    events: Events, nesting: Nesting, steps: tuple[Step, ...], host_mask: np.ndarray
+) -> tuple[SyncEvent, ...]:
+    """Sync calls and host-copy operators in the window, in time order."""
+    sync_name_ids = np.array(
+        [i for i, n in enumerate(events.names) if n in SYNC_RUNTIME_NAMES or n in SYNC_OP_NAMES],
+        dtype=np.int32,
+    )
+    if sync_name_ids.size == 0:
+        return ()
+    kinds_ok = np.isin(events.kind, np.array([Kind.RUNTIME, Kind.CPU_OP], np.int8))
+    rows = np.flatnonzero(host_mask & kinds_ok & np.isin(events.name, sync_name_ids))
+    rows = rows[np.argsort(events.ts[rows], kind="stable")]
+    frames = _PythonFrames(events)
+    step_idx = step_of(steps, events.ts[rows])
+    out: list[SyncEvent] = []
+    for i, row in enumerate(rows.tolist()):
+        name = events.names[events.name[row]]
+        parent = int(nesting.parent_op[row])
+        inside = events.names[events.name[parent]] if parent >= 0 else None
+        site = None
+        if i < _MAX_RESOLVED:
+            stack, up, depth = None, row, 0
+            while up >= 0 and depth < 8:  # the nearest enclosing op that kept its stack
+                stack = events.stacks.get(up)
+                if stack is not None:
+                    break
+                up, depth = int(nesting.parent_op[up]), depth + 1
+            if stack is not None:
+                site = _from_call_stack(stack)
+            if site is None:
+                start = float(events.ts[row])
+                site = frames.user_frame_at(
+                    int(events.thread[row]), start, start + float(events.dur[row])
+                )
+        s = int(step_idx[i])
+        out.append(
+            SyncEvent(
+                name=name,
+                kind="runtime" if events.kind[row] == Kind.RUNTIME else "op",
+                start_us=float(events.ts[row]),
+                duration_us=float(events.dur[row]),
+                step=steps[s].number if s >= 0 else None,
+                inside_op=inside,
+                call_site=site,
+            )
+        )
+    return tuple(out)
+
+
+def sync_sites(syncs: tuple[SyncEvent, ...]) -> tuple[SyncSite, ...]:
+    groups: dict[tuple[str | None, str], list[float]] = {}
+    for s in syncs:
+        g = groups.setdefault((s.call_site, s.name), [0, 0.0])
+        g[0] += 1
+        g[1] += s.duration_us
+    sites = [SyncSite(site, name, int(c), float(t)) for (site, name), (c, t) in groups.items()]
+    sites.sort(key=lambda s: -s.total_us)
+    return tuple(sites)

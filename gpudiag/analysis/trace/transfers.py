@@ -1,0 +1,113 @@
+"""Memory copies and sets on the GPU: direction, bytes, achieved bandwidth, pinned or not."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpudiag.analysis.trace.model import I64, DeviceProperties, Events, Kind, fields_json
+
+_MEMCPY = re.compile(r"Memcpy\s+(\w+)(?:\s*\((\w+)\s*->\s*(\w+)\))?")
+
+# Per-direction peak of a x16 PCIe link, in GB/s (PCI-SIG: 8, 16, 32, 64 GT/s per lane with
+# 128b/130b encoding for gen 3 onwards).
+PCIE_X16_GBPS: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Copies (or sets) of one kind: ``HtoD`` from ``Pageable`` to ``Device``, and so on."""
+
+    direction: str  # HtoD, DtoH, DtoD, PtoP, HtoH, or "Memset"
+    source: str | None  # Pageable, Pinned, Device, Managed (as the trace names them)
+    destination: str | None
+    count: int
+    total_bytes: int
+    total_us: float
+    achieved_gbps: float | None  # bytes / busy time
+    peak_gbps: float | None  # the link's or the memory's peak, None when not known
+    peak_source: str | None = None
+
+    @property
+    def pageable(self) -> bool:
+        return "Pageable" in (self.source, self.destination)
+
+    @property
+    def fraction_of_peak(self) -> float | None:
+        if self.achieved_gbps is None or not self.peak_gbps:
+            return None
+        return self.achieved_gbps / self.peak_gbps
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = fields_json(self)
+        out["pageable"] = self.pageable
+        out["fraction_of_peak"] = self.fraction_of_peak
+        return out
+
+
+def _peaks(devices: Sequence[DeviceProperties]) -> tuple[float | None, float | None, str | None]:
+    """(device memory GB/s, PCIe x16 GB/s, where they came from) for the first GPU."""
+    if not devices:
+        return None, None, None
+    try:
+        from gpudiag import specs
+
+        spec = specs.lookup_gpu(devices[0].name)
+    except Exception:  # an unknown or malformed spec table must not break the trace report
+        spec = None
+    if spec is None:
+        return None, None, None
+    pcie = PCIE_X16_GBPS.get(spec.pcie_gen) if spec.pcie_gen else None
+    return spec.memory_bandwidth_gbps, pcie, f"gpudiag.specs: {spec.name}"
+
+
+def transfers(
+    events: Events, rows: I64, devices: Sequence[DeviceProperties]
+) -> tuple[TransferStats, ...]:
+    """One ``TransferStats`` per (direction, source, destination) among the given GPU rows."""
+    sel = rows[np.isin(events.kind[rows], np.array([Kind.MEMCPY, Kind.MEMSET], np.int8))]
+    if sel.size == 0:
+        return ()
+    mem_peak, pcie_peak, source = _peaks(devices)
+    groups: dict[tuple[str, str | None, str | None], list[Any]] = {}
+    nbytes_col = events.launches.nbytes
+    for row in sel.tolist():
+        name = events.names[events.name[row]]
+        if events.kind[row] == Kind.MEMSET:
+            key: tuple[str, str | None, str | None] = ("Memset", None, None)
+        else:
+            m = _MEMCPY.match(name)
+            key = (m.group(1), m.group(2), m.group(3)) if m else ("unknown", None, None)
+        x = int(events.extra[row])
+        nbytes = int(nbytes_col[x]) if x >= 0 and nbytes_col[x] >= 0 else 0
+        g = groups.setdefault(key, [0, 0, 0.0])
+        g[0] += 1
+        g[1] += nbytes
+        g[2] += float(events.dur[row])
+    out = []
+    for (direction, src, dst), (count, nbytes, total_us) in groups.items():
+        achieved = nbytes / total_us / 1e3 if total_us > 0 and nbytes > 0 else None
+        peak = None
+        if direction in ("HtoD", "DtoH"):
+            peak = pcie_peak
+        elif direction in ("DtoD", "Memset"):
+            peak = mem_peak
+        out.append(
+            TransferStats(
+                direction=direction,
+                source=src,
+                destination=dst,
+                count=int(count),
+                total_bytes=int(nbytes),
+                total_us=float(total_us),
+                achieved_gbps=achieved,
+                peak_gbps=peak,
+                peak_source=source if peak is not None else None,
+            )
+        )
+    out.sort(key=lambda t: -t.total_us)
+    return tuple(out)

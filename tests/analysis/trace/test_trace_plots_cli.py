@@ -1,0 +1,98 @@
+"""Plot builders and the ``gpudiag trace`` command on recorded traces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpudiag.analysis.trace import TraceReport, analyze_trace
+from gpudiag.cli import main
+from gpudiag.plots.trace import (
+    breakdown_figure,
+    idle_timeline_figure,
+    rank_comparison_figure,
+    top_kernels_figure,
+)
+from tests.analysis.trace.conftest import A100_CONTROL, RESNET_NW0, V100_TEST
+
+Report = Callable[[str], TraceReport]
+
+
+def test_breakdown_figure_shares_sum_to_100(report_of: Report) -> None:
+    fig = breakdown_figure(report_of(RESNET_NW0))
+    assert sum(bar.x[0] for bar in fig.data) == pytest.approx(100.0)
+    assert {bar.name for bar in fig.data} >= {"compute", "idle: host wait"}
+
+
+def test_top_kernels_figure_orders_by_time(report_of: Report) -> None:
+    report = report_of(A100_CONTROL)
+    (bar,) = top_kernels_figure(report, n=5).data
+    assert list(bar.x) == sorted(bar.x)  # largest at the top of a horizontal bar chart
+    assert bar.x[-1] == pytest.approx(report.top_kernels(1)[0].total_us / 1000)
+
+
+def test_idle_timeline_has_a_bar_per_step(report_of: Report) -> None:
+    fig = idle_timeline_figure(report_of(RESNET_NW0))
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert all(len(b.x) == 6 for b in bars)
+    assert any(d.name == "waiting on DataLoader" for d in fig.data)
+
+
+def test_rank_comparison_figure(traces_dir: Path) -> None:
+    report = analyze_trace([traces_dir / A100_CONTROL, traces_dir / V100_TEST])
+    fig = rank_comparison_figure(report)
+    assert next(iter(fig.data[0].x)).startswith("rank 1")
+    single = rank_comparison_figure(analyze_trace(traces_dir / A100_CONTROL))
+    assert "one rank only" in single.layout.annotations[0].text
+
+
+def test_figures_for_a_cpu_only_report(tmp_path: Path) -> None:
+    path = tmp_path / "cpu.json"
+    path.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "cpu_op",
+                        "name": "aten::mm",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 0,
+                        "dur": 5,
+                    }
+                ]
+            }
+        )
+    )
+    report = analyze_trace(path)
+    for build in (breakdown_figure, top_kernels_figure, idle_timeline_figure):
+        fig = build(report)
+        assert fig.layout.annotations  # says why it is empty
+
+
+def test_cli_trace_text(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", str(traces_dir / RESNET_NW0), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Top 3 kernels" in out
+    assert "Sync points" in out
+    assert "resnet50_profiler_api.py" in out
+
+
+def test_cli_trace_json_two_ranks(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["trace", str(traces_dir / A100_CONTROL), str(traces_dir / V100_TEST), "--json"]) == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in data["ranks"]] == [1, 3]
+    assert len(data["comparison"]) == 2
+
+
+def test_cli_trace_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["trace", str(bad)]) == 1
+    assert "gpudiag: error:" in capsys.readouterr().err
