@@ -1,0 +1,26 @@
+"""Measure hardware ceilings: matmul, bandwidth, attention, allreduce; or read nccl-tests logs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpudiag.cli.bench import add_arguments as _add_cli_arguments
+from gpudiag.cli.bench import measure, multinode_command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_cli_arguments(parser)
+
+
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    command = multinode_command(args)
+    if command is not None and args.print_command:
+        print(command)
+        return None
+    result = measure(args, progress=not args.json)
+    if command is not None:
+        print(f"On several nodes, run on each node (rank 0 prints the result):\n  {command}")
+    if args.plot:
+        result.plot().write_html(args.plot)
+    return result.to_dict() if args.json else result
