@@ -1,0 +1,350 @@
+"""Before/after statistics: measurements that describe their noise, bootstrap speedups, verdicts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from gpudiag._report import card, html_table, jsonable
+
+Verdict = Literal["faster", "slower", "no significant difference"]
+FASTER: Verdict = "faster"
+SLOWER: Verdict = "slower"
+NO_DIFFERENCE: Verdict = "no significant difference"
+
+PAIRED_METHOD = "median of per-round ratios, bootstrap over rounds"
+UNPAIRED_METHOD = "ratio of medians, independent bootstrap"
+
+# torch.utils.benchmark's Measurement warns when the IQR exceeds 10 % of the median
+# (torch/utils/benchmark/utils/common.py); we use the same line.
+SPREAD_WARNING = 0.10
+
+
+def _fmt_time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "n/a"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Raw per-step times of one arm, with the robust summaries a comparison needs.
+
+    ``samples_s`` are seconds per step (each sample may average several consecutive steps).
+    The median and IQR, not the mean, describe it: a shared machine adds long outliers.
+    """
+
+    samples_s: tuple[float, ...]
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples_s", tuple(float(s) for s in self.samples_s))
+
+    @property
+    def n(self) -> int:
+        return len(self.samples_s)
+
+    def _q(self, q: float) -> float:
+        return float(np.quantile(self.samples_s, q)) if self.samples_s else math.nan
+
+    @property
+    def median_s(self) -> float:
+        return self._q(0.5)
+
+    @property
+    def q1_s(self) -> float:
+        return self._q(0.25)
+
+    @property
+    def q3_s(self) -> float:
+        return self._q(0.75)
+
+    @property
+    def iqr_s(self) -> float:
+        return self.q3_s - self.q1_s
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.samples_s)) if self.samples_s else math.nan
+
+    @property
+    def min_s(self) -> float:
+        return min(self.samples_s) if self.samples_s else math.nan
+
+    @property
+    def relative_spread(self) -> float:
+        """IQR / median: 0.05 means the middle half of the samples lies within 5 % of the median."""
+        median = self.median_s
+        return self.iqr_s / median if median > 0 else math.nan
+
+    @property
+    def has_large_spread(self) -> bool:
+        return self.n >= 4 and self.relative_spread > SPREAD_WARNING
+
+    def warnings(self) -> tuple[str, ...]:
+        out = []
+        if self.n < 4:
+            out.append(f"only {self.n} sample(s): the spread cannot be judged")
+        elif self.has_large_spread:
+            out.append(
+                f"the IQR is {self.relative_spread:.0%} of the median: the timings are noisy "
+                "(other processes, frequency scaling); take more samples or use a quieter machine"
+            )
+        return tuple(out)
+
+    def summary(self) -> str:
+        return (
+            f"median {_fmt_time(self.median_s)}, IQR {_fmt_time(self.iqr_s)} "
+            f"({self.relative_spread:.0%}), {self.n} samples"
+        )
+
+    def __repr__(self) -> str:
+        name = f"{self.label!r}" if self.label else ""
+        text = f"Measurement({name}): {self.summary()}"
+        for w in self.warnings():
+            text += f"\n  WARNING: {w}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "label": self.label,
+                "n": self.n,
+                "median_s": self.median_s,
+                "q1_s": self.q1_s,
+                "q3_s": self.q3_s,
+                "iqr_s": self.iqr_s,
+                "mean_s": self.mean_s,
+                "relative_spread": self.relative_spread,
+                "warnings": list(self.warnings()),
+                "samples_s": list(self.samples_s),
+            }
+        )
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[object, object]] = [
+            ("median", _fmt_time(self.median_s)),
+            ("IQR", f"{_fmt_time(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
+            ("samples", self.n),
+        ]
+        rows += [("warning", w) for w in self.warnings()]
+        return card(f"Measurement {self.label}".strip(), html_table(rows))
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """Baseline time / candidate time, with a bootstrap confidence interval.
+
+    ``value`` > 1 means the candidate is faster. ``low``/``high`` bound the interval at
+    ``confidence``; ``method`` says how it was resampled.
+    """
+
+    value: float
+    low: float
+    high: float
+    confidence: float = 0.95
+    method: str = ""
+    resamples: int = 0
+    n_baseline: int = 0
+    n_candidate: int = 0
+
+    def verdict(self, tolerance: float = 0.0) -> Verdict:
+        return verdict(self, tolerance=tolerance)
+
+    def __str__(self) -> str:
+        pct = f"{self.confidence:.0%}"
+        return f"{self.value:.2f}x ({pct} CI {self.low:.2f}-{self.high:.2f}x)"
+
+    def __repr__(self) -> str:
+        return f"SpeedupEstimate({self})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "value": self.value,
+                "low": self.low,
+                "high": self.high,
+                "confidence": self.confidence,
+                "method": self.method,
+                "resamples": self.resamples,
+                "n_baseline": self.n_baseline,
+                "n_candidate": self.n_candidate,
+            }
+        )
+
+
+def speedup_ci(
+    baseline_s: Sequence[float],
+    candidate_s: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    paired: bool | None = None,
+) -> SpeedupEstimate:
+    """Baseline time / candidate time with a percentile bootstrap interval (seeded).
+
+    Paired (one sample of each arm per round, the default when the lengths match): the
+    median of the per-round ratios, rounds resampled whole. Two arms timed back to back share
+    the machine's slow moments; a per-round ratio cancels them, which on a shared machine
+    narrows the interval several-fold. Unpaired: the ratio of the two medians, each arm
+    resampled on its own.
+    """
+    b = np.asarray(baseline_s, dtype=float)
+    c = np.asarray(candidate_s, dtype=float)
+    if b.size == 0 or c.size == 0:
+        return SpeedupEstimate(
+            math.nan, math.nan, math.nan, confidence, "no samples", 0, b.size, c.size
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if paired is None:
+        paired = b.size == c.size
+    rng = np.random.default_rng(seed)
+    if paired:
+        if b.size != c.size:
+            raise ValueError("a paired bootstrap needs as many baseline as candidate samples")
+        ratios = b / c
+        value = float(np.median(ratios))
+        idx = rng.integers(0, b.size, size=(resamples, b.size))
+        boot = np.median(ratios[idx], axis=1)
+        method = PAIRED_METHOD
+    else:
+        value = float(np.median(b) / np.median(c))
+        ib = rng.integers(0, b.size, size=(resamples, b.size))
+        ic = rng.integers(0, c.size, size=(resamples, c.size))
+        boot = np.median(b[ib], axis=1) / np.median(c[ic], axis=1)
+        method = UNPAIRED_METHOD
+    alpha = 1.0 - confidence
+    low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    return SpeedupEstimate(
+        value, float(low), float(high), confidence, method, resamples, b.size, c.size
+    )
+
+
+def verdict(estimate: SpeedupEstimate, *, tolerance: float = 0.0) -> Verdict:
+    """'faster' / 'slower' only when the whole interval clears ``1 +- tolerance``.
+
+    ``tolerance`` is the smallest change worth a claim (0.01 = 1 %): below it, step timing on
+    a shared machine cannot tell a real effect from the order the arms ran in.
+    """
+    if not (math.isfinite(estimate.low) and math.isfinite(estimate.high)):
+        return NO_DIFFERENCE
+    if estimate.low > 1.0 + tolerance:
+        return FASTER
+    if estimate.high < 1.0 / (1.0 + tolerance):
+        return SLOWER
+    return NO_DIFFERENCE
+
+
+Look = Literal["faster", "slower", "equivalent", "undecided"]
+StopReason = Literal["undecided", "clear", "equivalent", "time budget", "max rounds"]
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    stop: bool
+    reason: StopReason
+    look: Look = "undecided"
+
+
+@dataclass(frozen=True)
+class AdaptiveRule:
+    """When an adaptive comparison may stop looking at one arm.
+
+    Each look after ``min_rounds`` computes the speedup interval at ``confidence`` (stricter
+    than the reported 95 %: looking again and again would otherwise find "significant"
+    differences by chance). The arm is decided when ``agreeing_looks`` looks in a row clear
+    ``1 +- tolerance`` the same way, or when the interval lies inside ``1 +- equivalence``
+    (any difference is smaller than that: further rounds would not change the answer that
+    matters). The time budget and ``max_rounds`` stop everything regardless.
+    """
+
+    min_rounds: int = 5
+    max_rounds: int = 100
+    time_budget_s: float = 60.0
+    confidence: float = 0.99
+    agreeing_looks: int = 2
+    tolerance: float = 0.01
+    equivalence: float = 0.05
+    resamples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min_rounds < 2:
+            raise ValueError("min_rounds must be at least 2")
+        if self.max_rounds < self.min_rounds:
+            raise ValueError("max_rounds must be at least min_rounds")
+
+    def look(self, baseline_s: Sequence[float], candidate_s: Sequence[float]) -> Look:
+        est = speedup_ci(
+            baseline_s,
+            candidate_s,
+            confidence=self.confidence,
+            resamples=self.resamples,
+            seed=self.seed,
+        )
+        v = verdict(est, tolerance=self.tolerance)
+        if v == FASTER:
+            return "faster"
+        if v == SLOWER:
+            return "slower"
+        if est.low >= 1.0 / (1.0 + self.equivalence) and est.high <= 1.0 + self.equivalence:
+            return "equivalent"
+        return "undecided"
+
+
+@dataclass
+class AdaptiveStopper:
+    """Tracks the looks at one arm; ``update`` after every round says whether to stop."""
+
+    rule: AdaptiveRule
+    history: list[Look] = field(default_factory=list)
+    decided: StopDecision | None = None
+
+    def update(
+        self,
+        baseline_s: Sequence[float],
+        candidate_s: Sequence[float],
+        *,
+        rounds: int,
+        elapsed_s: float,
+    ) -> StopDecision:
+        if self.decided is not None:
+            return self.decided
+        rule = self.rule
+        look: Look = "undecided"
+        if rounds >= rule.min_rounds:
+            look = rule.look(baseline_s, candidate_s)
+            self.history.append(look)
+            recent = self.history[-rule.agreeing_looks :]
+            if look == "equivalent":
+                self.decided = StopDecision(True, "equivalent", look)
+            elif (
+                look in (FASTER, SLOWER)
+                and len(recent) == rule.agreeing_looks
+                and len(set(recent)) == 1
+            ):
+                self.decided = StopDecision(True, "clear", look)
+        if self.decided is None and rounds >= rule.max_rounds:
+            self.decided = StopDecision(True, "max rounds", look)
+        if self.decided is None and elapsed_s >= rule.time_budget_s:
+            self.decided = StopDecision(True, "time budget", look)
+        return self.decided or StopDecision(False, "undecided", look)
+
+
+def describe_stop(reason: str) -> str:
+    return {
+        "clear": "the verdict was clear",
+        "equivalent": "any difference was shown to be small",
+        "time budget": "the time budget ran out",
+        "max rounds": "the maximum number of rounds was reached",
+        "fixed": "fixed number of rounds (adaptive stopping off)",
+    }.get(reason, reason)

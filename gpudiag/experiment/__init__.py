@@ -1,0 +1,1 @@
+"""Before/after experiments: workloads, isolated trials, ``gd.compare`` and its statistics."""

@@ -1,0 +1,779 @@
+"""``gd.compare``: baseline and fixes in isolated, interleaved trials, with honest statistics.
+
+Runs for real on the CPU. On a GPU, step times come from CUDA events and memory from the
+caching allocator through gpudiag.probe.cuda: that path is untested on a real GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.stats import (
+    NO_DIFFERENCE,
+    AdaptiveRule,
+    AdaptiveStopper,
+    Measurement,
+    SpeedupEstimate,
+    describe_stop,
+    speedup_ci,
+    verdict,
+)
+from gpudiag.errors import GpuDiagError
+from gpudiag.experiment.drift import Drift, StepTrace, compare_traces, not_measured
+from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
+from gpudiag.experiment.runner import Arm, load_values, seed_everything
+from gpudiag.experiment.trial import isolated, tensor_bytes
+from gpudiag.experiment.workload import Workload
+from gpudiag.fixes import Fix, FixKind, check_conflicts
+from gpudiag.fixes import _system as fix_system
+from gpudiag.probe import cuda
+
+FixLike = Fix | str
+ArmSpec = FixLike | Sequence[FixLike]
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """What one arm measured. ``speedup`` / ``verdict`` are vs the baseline (None for it)."""
+
+    label: str
+    fixes: tuple[Fix, ...]
+    step_time: Measurement
+    samples_per_step: int
+    tokens_per_sample: int | None
+    memory: PeakMemory | None
+    drift: Drift | None
+    speedup: SpeedupEstimate | None
+    verdict: str | None
+    stop_reason: str
+    first_step_s: float | None
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_baseline(self) -> bool:
+        return not self.fixes
+
+    @property
+    def samples_per_s(self) -> float | None:
+        median = self.step_time.median_s
+        if not self.samples_per_step or not median or not math.isfinite(median):
+            return None
+        return self.samples_per_step / median
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        sps = self.samples_per_s
+        return None if sps is None or not self.tokens_per_sample else sps * self.tokens_per_sample
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "label": self.label,
+                "fixes": [f.to_dict() for f in self.fixes],
+                "step_time": self.step_time,
+                "samples_per_s": self.samples_per_s,
+                "tokens_per_s": self.tokens_per_s,
+                "memory": self.memory,
+                "drift": self.drift,
+                "speedup": self.speedup,
+                "verdict": self.verdict,
+                "stop_reason": self.stop_reason,
+                "first_step_s": self.first_step_s,
+                "error": self.error,
+                "notes": list(self.notes),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Baseline vs fixes on one workload: per-step times, throughput, memory, drift, verdicts."""
+
+    workload: str
+    workload_description: str
+    device: str
+    hardware: str
+    baseline: ArmResult
+    arms: tuple[ArmResult, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    rounds: int = 0
+    steps_per_sample: int = 1
+    adaptive: bool = True
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+    measuring_s: float = 0.0
+    confidence: float = 0.95
+    tolerance: float = 0.01
+    isolation: str = ""
+    notes: tuple[str, ...] = ()
+    created_at: str = ""
+    system: dict[str, Any] = field(default_factory=dict)
+
+    # -- accessors ------------------------------------------------------------------------
+    def _measured(self) -> list[ArmResult]:
+        return [a for a in self.arms if a.speedup is not None and a.error is None]
+
+    def arm(self, fix: Any = None) -> ArmResult:
+        """The arm for ``fix`` (a Fix, its text, or a list of fixes for a combination).
+
+        ``None``: the only measured arm, or the one with the highest speedup.
+        """
+        if fix is None:
+            measured = self._measured()
+            if not measured:
+                reasons = "; ".join(f"{label}: {why}" for label, why in self.skipped) or (
+                    "; ".join(f"{a.label}: {a.error}" for a in self.arms if a.error)
+                    or "no fixes were given"
+                )
+                raise GpuDiagError(f"no fix was measured in this comparison ({reasons})")
+            return max(measured, key=lambda a: a.speedup.value if a.speedup else -math.inf)
+        for a in self.arms:
+            if isinstance(fix, str) and a.label == fix:
+                return a
+        wanted = _arm_fixes(fix)
+        for a in self.arms:
+            if set(a.fixes) == set(wanted):
+                return a
+        for label, why in self.skipped:
+            if label == "+".join(f.label for f in wanted):
+                raise GpuDiagError(f"{label} was not measured: {why}")
+        known = ", ".join(a.label for a in self.arms) or "none"
+        raise GpuDiagError(f"no arm for {fix!r} in this comparison; measured arms: {known}")
+
+    def speedup(self, fix: Any = None) -> SpeedupEstimate:
+        """Baseline step time / fix step time, with ``.value``, ``.low`` and ``.high``."""
+        a = self.arm(fix)
+        if a.speedup is None:
+            raise GpuDiagError(f"{a.label} has no speedup: {a.error or 'it was not measured'}")
+        return a.speedup
+
+    def verdict(self, fix: Any = None) -> str:
+        """'faster', 'slower' or 'no significant difference' for ``fix`` vs the baseline."""
+        a = self.arm(fix)
+        if a.verdict is None:
+            raise GpuDiagError(f"{a.label} has no verdict: {a.error or 'it was not measured'}")
+        return a.verdict
+
+    def kept(self) -> list[ArmResult]:
+        """Arms worth keeping: faster, with acceptable drift."""
+        return [
+            a
+            for a in self._measured()
+            if a.verdict == "faster"
+            and (a.drift is None or a.drift.status in ("ok", "not measured"))
+        ]
+
+    def recipe(self, *, include: Iterable[Any] | None = None) -> Any:
+        """A gd.Recipe of the fixes that made it faster without large drift, with their evidence.
+
+        ``include`` picks arms explicitly (Fix objects, texts) instead.
+        """
+        from gpudiag.recipe import Recipe
+
+        arms = [self.arm(f) for f in include] if include is not None else self.kept()
+        return Recipe.from_comparison(self, arms)
+
+    def plot(self) -> Any:
+        from gpudiag.plots.compare import comparison_figure
+
+        return comparison_figure(self)
+
+    # -- presentation -----------------------------------------------------------------------
+    def rows(self) -> list[list[str]]:
+        out = []
+        for a in (self.baseline, *self.arms):
+            st = a.step_time
+            spread = f"{st.relative_spread:.0%}" if st.n else "n/a"
+            sps = a.samples_per_s
+            tps = a.tokens_per_s
+            throughput = (f"{tps:,.0f} tok/s" if tps else f"{sps:,.1f} samples/s") if sps else "n/a"
+            out.append(
+                [
+                    a.label,
+                    _fmt_s(st.median_s) if st.n else "n/a",
+                    spread,
+                    throughput,
+                    "baseline" if a.is_baseline else (str(a.speedup) if a.speedup else "n/a"),
+                    "" if a.is_baseline else (a.verdict or f"error: {a.error}"),
+                    str(a.memory) if a.memory else "n/a",
+                    "" if a.is_baseline else (str(a.drift) if a.drift else "n/a"),
+                ]
+            )
+        return out
+
+    HEADER = (
+        "arm",
+        "median step",
+        "IQR/median",
+        "throughput",
+        "speedup",
+        "verdict",
+        "peak memory",
+        "drift",
+    )
+
+    def warnings(self) -> list[str]:
+        out = []
+        for a in (self.baseline, *self.arms):
+            out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
+            if a.drift is not None and a.drift.status in ("large", "non-finite"):
+                out.append(
+                    f"{a.label}: numerical drift is {a.drift.status} ({a.drift}): "
+                    "check training quality"
+                )
+            if a.error:
+                out.append(f"{a.label}: failed: {a.error}")
+        return out
+
+    def summary(self) -> str:
+        parts = []
+        for a in self.arms:
+            if a.speedup is not None and a.verdict is not None:
+                parts.append(f"{a.label}: {a.verdict}, {a.speedup}")
+        return "; ".join(parts) or "no fix measured"
+
+    def __repr__(self) -> str:
+        widths = [
+            max(len(str(r[i])) for r in [list(self.HEADER), *self.rows()])
+            for i in range(len(self.HEADER))
+        ]
+        lines = [f"Comparison on {self.workload_description}", f"  {self.hardware}"]
+        for row in [list(self.HEADER), *self.rows()]:
+            lines.append(
+                "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            )
+        lines.append(
+            f"  {self.rounds} rounds of {self.steps_per_sample} step(s) per arm, interleaved in "
+            f"random order; stopped: {self.stop_reason}; {self.measuring_s:.1f} s measuring, "
+            f"{self.elapsed_s:.1f} s in all; "
+            f"{self.isolation}"
+        )
+        lines += [f"  skipped {label}: {why}" for label, why in self.skipped]
+        lines += [f"  WARNING: {w}" for w in self.warnings()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        body = html_grid(self.HEADER, self.rows())
+        facts = html_table(
+            [
+                ("hardware", self.hardware),
+                (
+                    "protocol",
+                    f"{self.rounds} rounds x {self.steps_per_sample} step(s), interleaved, "
+                    "random order",
+                ),
+                ("stopped", self.stop_reason),
+                ("time", f"{self.measuring_s:.1f} s measuring, {self.elapsed_s:.1f} s in all"),
+                ("isolation", self.isolation),
+                (
+                    "statistics",
+                    f"speedup: median of per-round ratios, {self.confidence:.0%} bootstrap "
+                    f"CI over rounds; changes under {self.tolerance:.0%} count as no difference",
+                ),
+            ]
+        )
+        extra = "".join(
+            f"<div>skipped {esc(label)}: {esc(why)}</div>" for label, why in self.skipped
+        )
+        extra += "".join(
+            f"<div style='color:#b45309'>WARNING: {esc(w)}</div>" for w in self.warnings()
+        )
+        extra += "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
+        return card(
+            f"Comparison: {self.workload_description}",
+            body + facts + extra,
+            subtitle=self.summary(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "workload": self.workload,
+                "workload_description": self.workload_description,
+                "device": self.device,
+                "hardware": self.hardware,
+                "baseline": self.baseline,
+                "arms": list(self.arms),
+                "skipped": [{"label": label, "reason": why} for label, why in self.skipped],
+                "rounds": self.rounds,
+                "steps_per_sample": self.steps_per_sample,
+                "adaptive": self.adaptive,
+                "stop_reason": self.stop_reason,
+                "elapsed_s": self.elapsed_s,
+                "measuring_s": self.measuring_s,
+                "confidence": self.confidence,
+                "tolerance": self.tolerance,
+                "isolation": self.isolation,
+                "notes": list(self.notes),
+                "warnings": self.warnings(),
+                "created_at": self.created_at,
+                "system": self.system,
+            }
+        )
+
+
+def _arm_fixes(spec: ArmSpec) -> tuple[Fix, ...]:
+    if isinstance(spec, (Fix, str)):
+        return (Fix.coerce(spec),)
+    if isinstance(spec, dict):
+        return (Fix.coerce(spec),)
+    if isinstance(spec, Iterable):
+        return tuple(Fix.coerce(f) for f in spec)
+    raise GpuDiagError(
+        f"a fix must be a gd.Fix or its text (like 'precision.bf16'), got {type(spec).__name__}"
+    )
+
+
+def _hardware(system: Any, device_type: str) -> tuple[str, dict[str, Any]]:
+    host = fix_system.host(system)
+    torch_info = getattr(host, "torch", None)
+    version = torch_info.version.get("?") if torch_info is not None else "?"
+    facts: dict[str, Any] = {"torch": version, "device_type": device_type}
+    if device_type == "cuda":
+        cc, name = fix_system.gpu_cc(system)
+        facts.update(gpu=name, compute_capability=fix_system.cc_text(cc))
+        return f"GPU {name} (compute capability {fix_system.cc_text(cc)}), torch {version}", facts
+    cpu = host.cpu_model.get("unknown CPU") if host is not None else "unknown CPU"
+    cores = host.logical_cores.get("?") if host is not None else "?"
+    bf16 = " with fast bf16" if getattr(host, "cpu_bf16_fast", False) else ""
+    facts.update(
+        cpu=cpu, logical_cores=cores, cpu_bf16_fast=bool(getattr(host, "cpu_bf16_fast", False))
+    )
+    return f"CPU {cpu} ({cores} logical cores{bf16}), torch {version}", facts
+
+
+def _available_bytes(system: Any, device_type: str) -> int | None:
+    if device_type == "cuda":
+        info = cuda.mem_get_info()
+        return None if info is None else info[0]
+    host = fix_system.host(system)
+    reading = getattr(host, "memory_available_bytes", None)
+    return reading.get() if reading is not None else None
+
+
+def compare(
+    workload: Workload,
+    fixes: Iterable[ArmSpec] = (),
+    *,
+    combine: bool = False,
+    system: Any = None,
+    time_budget_s: float = 60.0,
+    adaptive: bool = True,
+    min_rounds: int = 5,
+    max_rounds: int = 100,
+    warmup_steps: int = 2,
+    drift_steps: int = 3,
+    min_sample_s: float = 0.05,
+    steps_per_sample: int | None = None,
+    measure_memory: bool = True,
+    confidence: float = 0.95,
+    tolerance: float = 0.01,
+    copies: bool | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    clock: Callable[[], float] | None = None,
+) -> Comparison:
+    """Run the baseline and each fix in isolated trials, interleaved, and compare them.
+
+    ``fixes``: gd.Fix objects or their text (``"attention.backend=flash"``); a list inside the
+    list is one arm with several fixes; ``combine`` adds an arm with all of them. Fixes this
+    machine cannot take are skipped with the reason. Each arm runs on its own deep copy of the
+    model when memory allows (``copies``), otherwise on the user's model, snapshot and
+    restored; either way the user's state is restored and verified at the end.
+
+    Protocol: a seeded drift check (``drift_steps`` from the same state and seeds), one step
+    for peak memory, ``warmup_steps``, then rounds in which every arm runs
+    ``steps_per_sample`` steps (chosen so a sample lasts ``min_sample_s``) in a fresh random
+    order. ``adaptive``: after ``min_rounds`` each arm stops when its verdict is clear or its
+    difference is shown to be small (see AdaptiveRule), or at ``time_budget_s`` /
+    ``max_rounds``; otherwise exactly ``max_rounds`` rounds. Verdicts use a ``confidence``
+    bootstrap interval; changes under ``tolerance`` count as no difference. ``clock``
+    replaces ``time.perf_counter`` (tests); on CUDA, step times come from CUDA events.
+    """
+    started = time.perf_counter()
+    wall = clock or time.perf_counter
+    if not isinstance(workload, Workload):
+        raise GpuDiagError(
+            f"compare needs a gd.Workload, got {type(workload).__name__}: wrap a model with "
+            "gd.Workload(model, batch=..., loss=...) or a step with gd.Workload.from_step(fn)"
+        )
+    if system is None:
+        system = fix_system.current_system()
+    device_type = (
+        workload.device_type if workload.model is not None else fix_system.device_type_for(system)
+    )
+    hardware, system_facts = _hardware(system, device_type)
+
+    # -- arms -----------------------------------------------------------------------------
+    wanted = [_arm_fixes(spec) for spec in fixes]
+    skipped: list[tuple[str, str]] = []
+    arm_fixes: list[tuple[Fix, ...]] = []
+    for combo in wanted:
+        label = "+".join(f.label for f in combo)
+        if combo in arm_fixes or any(label == s for s, _ in skipped):
+            continue
+        check_conflicts(combo)
+        reason = _why_not(combo, workload, system, device_type)
+        if reason:
+            skipped.append((label, reason))
+        else:
+            arm_fixes.append(combo)
+    if combine and len(arm_fixes) > 1:
+        # The combination of what this machine can take; skipped fixes are already reported.
+        together = tuple(dict.fromkeys(f for combo in arm_fixes for f in combo))
+        check_conflicts(together)
+        arm_fixes.append(together)
+    rule = AdaptiveRule(
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        time_budget_s=time_budget_s if adaptive else math.inf,
+        tolerance=tolerance,
+        seed=seed,
+    )
+
+    notes: list[str] = []
+    protected = workload.protected
+    shared = not workload.owns_step
+    if workload.owns_step:
+        shared = not _use_copies(copies, workload, system, device_type, len(arm_fixes) + 1, notes)
+    isolation = (
+        "each arm on its own deep copy; the user's model snapshot, restored and verified"
+        if not shared
+        else "arms on the user's objects, snapshot, restored and verified after the comparison"
+    )
+
+    with isolated(*protected) as snapshot:
+        arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
+        try:
+            for arm in arms:
+                arm.open()
+            reference = snapshot.named_values(workload.model) if workload.model is not None else {}
+            traces = _drift_phase(
+                arms, workload, snapshot, reference, shared, drift_steps, seed, wall
+            )
+            memory = _memory_phase(arms, device_type) if measure_memory else {}
+            k, rounds, stops, measuring_s = _timing_phase(
+                arms,
+                rule,
+                adaptive,
+                warmup_steps,
+                min_sample_s,
+                steps_per_sample,
+                seed,
+                progress,
+                clock,
+                wall,
+            )
+        finally:
+            for arm in arms:
+                arm.close()
+
+    baseline_arm = arms[0]
+    base_samples = baseline_arm.samples_s
+    results = []
+    for arm in arms:
+        n = min(len(arm.samples_s), len(base_samples))
+        est = verdict_text = None
+        if not arm.is_baseline and n >= 2 and arm.error is None:
+            est = speedup_ci(base_samples[:n], arm.samples_s[:n], confidence=confidence, seed=seed)
+            verdict_text = verdict(est, tolerance=tolerance)
+        drift = None
+        if not arm.is_baseline:
+            drift = _drift_for(traces, arm, baseline_arm)
+        stop = stops.get(arm.label)
+        results.append(
+            ArmResult(
+                label=arm.label,
+                fixes=arm.fixes,
+                step_time=Measurement(tuple(arm.samples_s), arm.label),
+                samples_per_step=workload.samples_per_step(),
+                tokens_per_sample=workload.tokens_per_sample,
+                memory=memory.get(arm.label),
+                drift=drift,
+                speedup=est,
+                verdict=verdict_text,
+                stop_reason=describe_stop(stop) if stop else ("" if arm.is_baseline else "fixed"),
+                first_step_s=arm.first_step_s,
+                error=arm.error,
+                notes=tuple(arm.notes),
+            )
+        )
+    overall = _overall_stop(stops, adaptive, rounds, rule)
+    if any(a.fixes and any(f.id == "compile" for f in a.fixes) for a in arms):
+        notes.append(
+            "compiled arms: the first step (compilation) is excluded from the timings; "
+            "see first_step_s"
+        )
+    return Comparison(
+        workload=workload.name,
+        workload_description=workload.describe(),
+        device=str(workload.device) if workload.model is not None else device_type,
+        hardware=hardware,
+        baseline=results[0],
+        arms=tuple(results[1:]),
+        skipped=tuple(skipped),
+        rounds=rounds,
+        steps_per_sample=k,
+        adaptive=adaptive,
+        stop_reason=overall,
+        elapsed_s=time.perf_counter() - started,
+        measuring_s=measuring_s,
+        confidence=confidence,
+        tolerance=tolerance,
+        isolation=isolation,
+        notes=tuple(notes),
+        created_at=_dt.datetime.now().isoformat(timespec="seconds"),
+        system=system_facts,
+    )
+
+
+def _why_not(combo: tuple[Fix, ...], workload: Workload, system: Any, device_type: str) -> str:
+    for fix in combo:
+        blocker = fix.live_blocker()
+        if blocker:
+            return blocker
+        if not workload.owns_step and fix.kind is FixKind.STRUCTURAL and fix.id != "compile":
+            return (
+                f"{fix.label} changes the model or data pipeline; a step-function workload "
+                "takes only ambient fixes and compile"
+            )
+        ok, reason = fix.supported(system, device_type)
+        if not ok:
+            return reason
+    return ""
+
+
+def _use_copies(
+    copies: bool | None,
+    workload: Workload,
+    system: Any,
+    device_type: str,
+    n_arms: int,
+    notes: list[str],
+) -> bool:
+    if copies is not None:
+        return copies
+    # Parameters, gradients and two Adam moments: about 4x the model per arm.
+    need = 4 * tensor_bytes(workload.model) * n_arms
+    available = _available_bytes(system, device_type)
+    if available is not None and need > available // 2:
+        notes.append(
+            f"arms share the user's model (copies would need ~{need / 2**30:.1f} GiB of "
+            f"{available / 2**30:.1f} GiB free); it is restored afterwards"
+        )
+        return False
+    return True
+
+
+def _build_arms(
+    workload: Workload,
+    arm_fixes: list[tuple[Fix, ...]],
+    shared: bool,
+    device_type: str,
+    system: Any,
+    notes: list[str],
+) -> list[Arm]:
+    arms = []
+    for combo in [(), *arm_fixes]:
+        label = "+".join(f.label for f in combo) or "baseline"
+        model = workload.model
+        if not shared:
+            try:
+                model = copy.deepcopy(workload.model)
+            except Exception as exc:  # some modules (open files, locks) cannot be copied
+                notes.append(f"deep copy failed ({exc}); arms share the user's model")
+                return _build_arms(workload, arm_fixes, True, device_type, system, notes)
+        arms.append(Arm(label, combo, workload, model, shared, device_type, system))
+    return arms
+
+
+def _drift_phase(
+    arms: list[Arm],
+    workload: Workload,
+    snapshot: Any,
+    reference: dict[str, Any],
+    shared: bool,
+    steps: int,
+    seed: int,
+    clock: Callable[[], float],
+) -> dict[str, StepTrace]:
+    """Each arm from the same state and seeds; the baseline twice (nondeterminism floor)."""
+    traces: dict[str, StepTrace] = {}
+    order = [arms[0], arms[0], *arms[1:]] if steps > 0 else []
+    for i, arm in enumerate(order):
+        key = "baseline (repeat)" if i == 1 else arm.label
+        if shared:
+            snapshot.restore()
+        elif reference:
+            load_values(arm.base_model, reference)
+        if arm.base_model is not None:
+            # Pending gradients of the user's model would add into the first step's.
+            arm.base_model.zero_grad(set_to_none=True)
+        seed_everything(seed)
+        arm.reset_batches()
+        arm.new_optimizer()
+        if arm.error is not None:
+            continue
+        try:
+            traces[key] = arm.trace(steps, clock)
+        except Exception as exc:
+            arm.error = _error_text(exc)
+    if shared:
+        snapshot.restore()
+    for arm in arms:
+        if steps <= 0:
+            arm.new_optimizer()
+    return traces
+
+
+def _error_text(exc: BaseException) -> str:
+    if cuda.is_oom_error(exc):
+        return f"out of memory: {str(exc).splitlines()[0][:200]}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
+    if arm.label not in traces or baseline.label not in traces:
+        return not_measured(
+            "no drift steps were run" if not traces else "the arm failed before the drift check"
+        )
+    if arm.workload.step_fn is not None and arm.workload.model is None:
+        drift = compare_traces(
+            traces[baseline.label], traces[arm.label], traces.get("baseline (repeat)")
+        )
+        if drift.status != "not measured":
+            return dataclasses.replace(
+                drift, note="step function without a model: its state was not reset between arms"
+            )
+        return drift
+    return compare_traces(
+        traces[baseline.label], traces[arm.label], traces.get("baseline (repeat)")
+    )
+
+
+def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
+    out = {}
+    for arm in arms:
+        if arm.error is not None:
+            continue
+        try:
+            with arm.active():
+                out[arm.label] = measure_peak_memory(arm.step, device_type=device_type)
+        except Exception as exc:
+            arm.error = _error_text(exc)
+    return out
+
+
+def _timing_phase(
+    arms: list[Arm],
+    rule: AdaptiveRule,
+    adaptive: bool,
+    warmup_steps: int,
+    min_sample_s: float,
+    steps_per_sample: int | None,
+    seed: int,
+    progress: bool,
+    clock: Callable[[], float] | None,
+    wall: Callable[[], float],
+) -> tuple[int, int, dict[str, str], float]:
+    from tqdm.auto import tqdm
+
+    for arm in arms:
+        if arm.error is not None:
+            continue
+        try:
+            for _ in range(max(1, warmup_steps)):
+                arm.warmup_s.append(arm.timed(1, clock))
+        except Exception as exc:
+            arm.error = _error_text(exc)
+    if arms[0].error is not None:
+        raise GpuDiagError(f"the baseline itself failed: {arms[0].error}")
+    if steps_per_sample is None:
+        fastest = min(min(a.warmup_s) for a in arms if a.warmup_s)
+        k = max(1, math.ceil(min_sample_s / fastest)) if fastest > 0 else 1
+    else:
+        k = max(1, int(steps_per_sample))
+    rng = random.Random(seed)
+    stoppers = {a.label: AdaptiveStopper(rule) for a in arms[1:]}
+    stops: dict[str, str] = {}
+    active = [a for a in arms[1:] if a.error is None]
+    rounds = 0
+    t0 = wall()
+    bar = tqdm(total=rule.max_rounds, desc="gpudiag compare", disable=not progress, leave=False)
+    try:
+        while active and rounds < rule.max_rounds:
+            order = [arms[0], *active]
+            rng.shuffle(order)
+            for arm in order:
+                try:
+                    arm.samples_s.append(arm.timed(k, clock))
+                except Exception as exc:
+                    if arm is arms[0]:
+                        raise GpuDiagError(
+                            f"the baseline failed while measuring: {_error_text(exc)}"
+                        ) from exc
+                    arm.error = _error_text(exc)
+            rounds += 1
+            bar.update(1)
+            elapsed = wall() - t0
+            still = []
+            for arm in active:
+                if arm.error is not None:
+                    continue
+                n = len(arm.samples_s)
+                if adaptive:
+                    decision = stoppers[arm.label].update(
+                        arms[0].samples_s[:n], arm.samples_s, rounds=n, elapsed_s=elapsed
+                    )
+                    if decision.stop:
+                        stops[arm.label] = decision.reason
+                        continue
+                still.append(arm)
+            active = still
+            looks = {a.label: _last_look(stoppers[a.label]) for a in active}
+            bar.set_postfix_str(", ".join(f"{k}: {v}" for k, v in looks.items())[:80])
+    finally:
+        bar.close()
+    for arm in active:
+        stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
+    return k, rounds, stops, wall() - t0
+
+
+def _last_look(stopper: AdaptiveStopper) -> str:
+    return str(stopper.history[-1]) if stopper.history else "..."
+
+
+def _overall_stop(stops: dict[str, str], adaptive: bool, rounds: int, rule: AdaptiveRule) -> str:
+    if not adaptive:
+        return f"fixed protocol: {rounds} rounds"
+    if not stops:
+        return "nothing to compare"
+    reasons = sorted(set(stops.values()))
+    return "; ".join(
+        f"{describe_stop(r)} ({', '.join(label for label, s in stops.items() if s == r)})"
+        for r in reasons
+    )
+
+
+__all__ = ["NO_DIFFERENCE", "ArmResult", "Comparison", "compare"]

@@ -1,0 +1,129 @@
+"""Peak memory of one training step: CUDA allocator peak on a GPU, profiler memory events on a CPU.
+
+On a GPU the number is ``torch.cuda.max_memory_allocated`` (through gpudiag.probe.cuda): the
+caching allocator's high-water mark of live tensor bytes during the step.
+
+On the CPU there is no allocator counter, so the step runs once under ``torch.profiler`` with
+``profile_memory=True``: every allocation and free of torch's CPU allocator is an event with a
+signed byte count, and the running sum's maximum is the step's peak of live tensor bytes above
+what was allocated when it began. This measures exactly what the fixes change (activations,
+gradients, autocast copies, optimizer state created in the step) in-process. A child process's
+RSS high-water mark was the alternative: it would also count the Python heap, the allocator's
+cached pages and the libraries, but it needs the workload to be rebuilt in another process,
+which a notebook's closures and models usually cannot be.
+
+The CUDA path is tested against a fake of gpudiag.probe.cuda only: untested on a real GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpudiag._report import jsonable
+from gpudiag.probe import cuda
+
+CPU_METHOD = "torch.profiler memory events (CPU allocator), peak above the step's start"
+CUDA_METHOD = "torch.cuda.max_memory_allocated (caching allocator peak)"
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Peak bytes of live tensors during one step; ``None`` with the reason when not measured."""
+
+    peak_bytes: int | None  # GPU: allocator peak; CPU: peak above the start of the step
+    above_start_bytes: int | None  # peak minus what was allocated when the step began
+    method: str
+    note: str = ""
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+
+    def __str__(self) -> str:
+        if self.peak_bytes is None:
+            return f"not measured ({self.note or self.method})"
+        return f"{self.peak_bytes / 2**20:,.1f} MiB"
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "peak_bytes": self.peak_bytes,
+                "above_start_bytes": self.above_start_bytes,
+                "method": self.method,
+                "note": self.note,
+            }
+        )
+
+
+def peak_of_running_sum(deltas: Iterable[tuple[float, int]]) -> int:
+    """Max of the running sum of (time, signed bytes) events, taken in time order (>= 0)."""
+    level = peak = 0
+    for _, nbytes in sorted(deltas, key=lambda e: e[0]):
+        level += nbytes
+        peak = max(peak, level)
+    return peak
+
+
+def _kineto_memory_events(prof: Any) -> list[tuple[float, int]] | None:
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:
+        return None
+    try:
+        return [
+            (float(e.start_ns()), int(e.nbytes()))
+            for e in results.events()
+            if e.name() == "[memory]"
+        ]
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _trace_memory_events(prof: Any) -> list[tuple[float, int]]:
+    # Public fallback: the exported Chrome trace carries the same events ("Bytes" per event).
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    return [
+        (float(e.get("ts", 0.0)), int(e["args"]["Bytes"]))
+        for e in events
+        if e.get("name") == "[memory]"
+        and "Bytes" in e.get("args", {})
+        and e["args"].get("Device Type", 0) == 0
+    ]
+
+
+def measure_peak_memory(step: Callable[[], Any], *, device_type: str) -> PeakMemory:
+    """Run ``step`` once and measure its peak tensor memory on ``device_type``."""
+    if device_type == "cuda":
+        if not cuda.available():
+            return PeakMemory(None, None, CUDA_METHOD, "CUDA is not available")
+        cuda.synchronize()
+        start = cuda.memory_allocated()
+        cuda.reset_peak_memory_stats()
+        step()
+        cuda.synchronize()
+        peak = cuda.max_memory_allocated()
+        return PeakMemory(peak, None if peak is None else peak - start, CUDA_METHOD)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False
+    ) as prof:
+        step()
+    events = _kineto_memory_events(prof)
+    if events is None:
+        events = _trace_memory_events(prof)
+    if not events:
+        return PeakMemory(None, None, CPU_METHOD, "the profiler recorded no memory events")
+    peak = peak_of_running_sum(events)
+    return PeakMemory(peak, peak, CPU_METHOD)

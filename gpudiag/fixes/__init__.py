@@ -1,0 +1,39 @@
+"""Fixes a trial can apply: ``gd.Fix(id, **params)`` over a registry keyed by DESIGN.md's fix ids.
+
+Each fix says whether this machine can take it (``supported(system) -> (ok, reason)``), how
+it reaches the code (ambient switch, structural transform, environment variable, advice),
+and applies / reverts itself. Structural fixes that are only defined so far raise
+UnsupportedFixError ("not implemented in this version") when applied.
+"""
+
+from __future__ import annotations
+
+from gpudiag.fixes.base import (
+    AppliedFixes,
+    Fix,
+    FixConflictError,
+    FixError,
+    FixKind,
+    FixParams,
+    FixSpec,
+    FixTarget,
+    apply_fixes,
+    check_conflicts,
+    get_spec,
+    registry,
+)
+
+__all__ = [
+    "AppliedFixes",
+    "Fix",
+    "FixConflictError",
+    "FixError",
+    "FixKind",
+    "FixParams",
+    "FixSpec",
+    "FixTarget",
+    "apply_fixes",
+    "check_conflicts",
+    "get_spec",
+    "registry",
+]

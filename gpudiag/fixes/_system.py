@@ -1,0 +1,93 @@
+"""What a fix needs to know about the machine: the device a run uses, its capabilities, packages."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class _Features:
+    """Capability flags per compute capability, used only when ``gpudiag.specs`` is absent.
+
+    Sources: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities" (TF32 and bf16 tensor
+    cores from 8.0, FP8 from 8.9); FlashAttention-2 README (Ampere, Ada, Hopper: 8.0+).
+    """
+
+    tf32: bool
+    bf16: bool
+    fp8: bool
+    flash_attention_2: bool
+
+
+def features(cc: tuple[int, int]) -> Any:
+    """Capability flags (tf32, bf16, fp8, flash_attention_2) of a compute capability."""
+    try:
+        from gpudiag import specs
+
+        return specs.features(cc)
+    except Exception:  # no spec table, or a capability outside it: the documented thresholds
+        return _Features(
+            tf32=cc >= (8, 0), bf16=cc >= (8, 0), fp8=cc >= (8, 9), flash_attention_2=cc >= (8, 0)
+        )
+
+
+def current_system() -> Any:
+    """This machine's SystemReport (``gd.inspect()``)."""
+    from gpudiag.probe.system import inspect
+
+    return inspect()
+
+
+def cuda_gpus(system: Any) -> tuple[Any, ...]:
+    """GPUs torch can use; duck-typed so recorded or hand-built reports work too."""
+    gpus = getattr(system, "cuda_gpus", None)
+    if gpus is None:
+        gpus = tuple(
+            g
+            for g in getattr(system, "gpus", ())
+            if getattr(g.info, "cuda_index", None) is not None
+        )
+    return tuple(gpus)
+
+
+def device_type_for(system: Any, device_type: str | None = None) -> str:
+    """'cuda' when the run uses a GPU, else 'cpu'. Without a hint: 'cuda' when one is visible."""
+    if device_type is not None:
+        return "cuda" if str(device_type).startswith("cuda") else "cpu"
+    return "cuda" if cuda_gpus(system) else "cpu"
+
+
+def active_gpu(system: Any) -> Any | None:
+    gpus = cuda_gpus(system)
+    return gpus[0] if gpus else None
+
+
+def gpu_cc(system: Any) -> tuple[tuple[int, int] | None, str]:
+    """(compute capability, GPU name) of the GPU a run would use; cc None when unknown."""
+    gpu = active_gpu(system)
+    if gpu is None:
+        return None, "no GPU"
+    cc = gpu.compute_capability
+    return (tuple(cc) if cc is not None else None), str(gpu.name)
+
+
+def host(system: Any) -> Any:
+    return getattr(system, "host", None)
+
+
+def cpu_flags(system: Any) -> tuple[str, ...]:
+    return tuple(getattr(host(system), "cpu_flags", ()) or ())
+
+
+def package_installed(name: str) -> bool:
+    """True when ``name`` can be imported, without importing it (some fail without a driver)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cc_text(cc: tuple[int, int] | None) -> str:
+    return "unknown" if cc is None else f"{cc[0]}.{cc[1]}"

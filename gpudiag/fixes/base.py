@@ -1,0 +1,584 @@
+"""The Fix protocol: fix ids of DESIGN.md, typed parameters, support checks, apply and revert."""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpudiag._report import card, esc, html_table, jsonable
+from gpudiag.errors import GpuDiagError, UnsupportedFixError
+from gpudiag.fixes import _system
+
+
+class FixError(GpuDiagError, ValueError):
+    """An unknown fix id, a bad parameter, or two fixes that cannot go together."""
+
+
+class FixConflictError(FixError):
+    """Two fixes that change the same thing were asked for in one trial."""
+
+
+class FixKind(str, enum.Enum):
+    """How a fix reaches the code it changes (DESIGN.md, "Fix identifiers")."""
+
+    AMBIENT = "ambient"  # switches and context managers around any code, a notebook cell included
+    STRUCTURAL = "structural"  # transforms a copy of the model / optimizer / dataloader in a trial
+    ENVIRONMENT = "environment"  # environment variables: needs a new process, exported not applied
+    ADVICE = "advice"  # a change to the user's code that gpudiag can only describe
+
+
+class FixParams(BaseModel):
+    """Parameters of one fix: unknown names are rejected, values are typed and immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class FixTarget:
+    """What the fixes of one trial (or one applied recipe) change.
+
+    ``model`` is the trial's own copy (or the user's model when a recipe is applied); a fix may
+    replace it with a wrapper (``torch.compile``). ``autocast_dtype`` and ``scaler`` are set by
+    the precision fixes and honoured by whoever runs the step: gpudiag's own step puts the
+    forward and loss under autocast and scales the loss; a plain step function runs entirely
+    under autocast; an applied recipe wraps ``model.forward``.
+    """
+
+    model: Any = None
+    optimizer: Any = None
+    step_fn: Callable[[], Any] | None = None
+    owns_step: bool = False  # gpudiag runs forward / loss / backward / optimizer itself
+    device_type: str = "cpu"
+    autocast_dtype: Any = None
+    scaler: Any = None
+    system: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+class FixSpec:
+    """One entry of the registry. Subclasses set the class attributes and override hooks.
+
+    Hooks: ``supported`` (can this machine take it), ``prepare`` (one-time changes to the
+    trial's target, undone through ``stack``), ``scope`` (process-wide switches, entered around
+    each step so interleaved arms never see each other's switches), ``env`` (environment
+    fixes), ``code`` (the plain PyTorch lines a training script would use).
+    """
+
+    id: ClassVar[str]
+    kind: ClassVar[FixKind]
+    summary: ClassVar[str]
+    Params: ClassVar[type[FixParams]] = FixParams
+    main_param: ClassVar[str | None] = None  # ``attention.backend=flash`` sets this parameter
+    group: ClassVar[str | None] = None  # at most one fix of a group in one trial
+    implemented: ClassVar[bool] = True
+    order: ClassVar[int] = 50  # application order; compile wraps last
+
+    # -- parameters -----------------------------------------------------------------------
+    def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Turn convenience spellings into the schema's fields (override for aliases)."""
+        return dict(params)
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            model = self.Params.model_validate(self.normalize(params))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'parameters'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise FixError(
+                f"bad parameters for fix {self.id!r}: {problems}. It takes: {self.params_help()}"
+            ) from None
+        return model.model_dump(mode="json")
+
+    def params_help(self) -> str:
+        fields = self.Params.model_fields
+        if not fields:
+            return "no parameters"
+        parts = []
+        for name, info in fields.items():
+            default = (
+                "" if info.is_required() else f" = {info.get_default(call_default_factory=True)!r}"
+            )
+            parts.append(f"{name}{default}")
+        return ", ".join(parts)
+
+    def is_implemented(self, params: Mapping[str, Any]) -> bool:
+        return self.implemented
+
+    # -- hooks ----------------------------------------------------------------------------
+    def supported(
+        self, params: Mapping[str, Any], system: Any, device_type: str
+    ) -> tuple[bool, str]:
+        return True, ""
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        return self.summary
+
+    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+        return None
+
+    def scope(self, params: Mapping[str, Any], target: FixTarget) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def env(self, params: Mapping[str, Any]) -> dict[str, str]:
+        return {}
+
+    def code(self, params: Mapping[str, Any]) -> list[str]:
+        return []
+
+    def not_implemented(self, params: Mapping[str, Any]) -> UnsupportedFixError:
+        return UnsupportedFixError(
+            f"fix {self.id!r} is not implemented in this version of gpudiag (it is defined so "
+            f"findings and recipes can name it). What it means: {self.describe(params)}"
+        )
+
+
+_REGISTRY: dict[str, FixSpec] = {}
+
+
+def register(cls: type[FixSpec]) -> type[FixSpec]:
+    """Class decorator: add a spec to the registry under its ``id``."""
+    _REGISTRY[cls.id] = cls()
+    return cls
+
+
+def _load_all() -> None:
+    # The spec modules register themselves on import.
+    from gpudiag.fixes import attention, compile, environment, precision, structural, switches  # noqa: F401
+
+
+def registry() -> Mapping[str, FixSpec]:
+    _load_all()
+    return dict(_REGISTRY)
+
+
+def get_spec(fix_id: str) -> FixSpec:
+    _load_all()
+    try:
+        return _REGISTRY[fix_id]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise FixError(f"unknown fix id {fix_id!r}. Known fixes: {known}") from None
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+class Fix:
+    """One fix with its parameters: ``gd.Fix("attention.backend", backend="flash")``.
+
+    Immutable and hashable; ``Fix.parse("attention.backend=flash")`` reads the command-line
+    spelling. ``supported(system)`` says whether this machine can take it and why not;
+    ``apply(model)`` applies it (returning a handle whose ``revert()`` undoes it);
+    ``with fix.applied(): ...`` applies it around a block.
+    """
+
+    __slots__ = ("_params", "id")
+
+    id: str
+    _params: dict[str, Any]
+
+    def __init__(self, id: str, **params: Any) -> None:
+        spec = get_spec(id)
+        object.__setattr__(self, "id", id)
+        object.__setattr__(self, "_params", spec.validate(params))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Fix is immutable: make a new one")
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> Fix:
+        """``ID``, ``ID=VALUE`` (the fix's main parameter) or ``ID:key=value,key=value``."""
+        text = text.strip()
+        if not text:
+            raise FixError(
+                "empty fix: write an id such as precision.bf16 or attention.backend=flash"
+            )
+        colon, equals = text.find(":"), text.find("=")
+        if colon != -1 and (equals == -1 or colon < equals):
+            fix_id, _, rest = text.partition(":")
+            params: dict[str, Any] = {}
+            for item in filter(None, (p.strip() for p in rest.split(","))):
+                key, eq, value = item.partition("=")
+                if not eq:
+                    raise FixError(f"in {text!r}: write parameters as key=value, got {item!r}")
+                params[key.strip()] = _parse_value(value.strip())
+            return cls(fix_id.strip(), **params)
+        fix_id, eq, value = text.partition("=")
+        fix_id = fix_id.strip()
+        if not eq:
+            return cls(fix_id)
+        spec = get_spec(fix_id)
+        if spec.main_param is None:
+            raise FixError(
+                f"fix {fix_id!r} has no main parameter; write {fix_id}:key=value. "
+                f"It takes: {spec.params_help()}"
+            )
+        return cls(fix_id, **{spec.main_param: _parse_value(value.strip())})
+
+    @classmethod
+    def coerce(cls, value: Fix | str | Mapping[str, Any]) -> Fix:
+        """A Fix from a Fix, its text spelling, or its ``to_dict()`` form."""
+        if isinstance(value, Fix):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        if isinstance(value, Mapping):
+            return cls.from_dict(value)
+        raise FixError(f"expected a gd.Fix, a fix id string or a dict, got {type(value).__name__}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fix:
+        if "id" not in data:
+            raise FixError(f"a fix needs an 'id', got keys {sorted(data)}")
+        return cls(str(data["id"]), **dict(data.get("params") or {}))
+
+    # -- facts ----------------------------------------------------------------------------
+    @property
+    def spec(self) -> FixSpec:
+        return get_spec(self.id)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self._params)
+
+    @property
+    def kind(self) -> FixKind:
+        return self.spec.kind
+
+    @property
+    def implemented(self) -> bool:
+        return self.spec.is_implemented(self._params)
+
+    @property
+    def label(self) -> str:
+        """Short text that names this fix and its non-default parameters."""
+        defaults = {} if _has_required(self.spec) else self.spec.validate({})
+        changed = {k: v for k, v in self._params.items() if defaults.get(k, object()) != v}
+        if not changed:
+            return self.id
+        main = self.spec.main_param
+        if main is not None and set(changed) == {main}:
+            return f"{self.id}={changed[main]}"
+        items: list[tuple[str, Any]] = []
+        for key, value in sorted(changed.items()):
+            # dict parameters (nccl.env's variables) are written as their own key=value pairs
+            items += sorted(value.items()) if isinstance(value, dict) else [(key, value)]
+        return self.id + ":" + ",".join(f"{k}={_value_text(v)}" for k, v in items)
+
+    def describe(self) -> str:
+        return self.spec.describe(self._params)
+
+    def supported(self, system: Any = None, device_type: str | None = None) -> tuple[bool, str]:
+        """(True, "") or (False, why not) for this machine (``gd.inspect()`` when not given)."""
+        if system is None:
+            system = _system.current_system()
+        return self.spec.supported(
+            self._params, system, _system.device_type_for(system, device_type)
+        )
+
+    def tryable(self, system: Any = None, device_type: str | None = None) -> tuple[bool, str]:
+        """Can gpudiag try it live in a trial here? (supported, implemented, not env/advice)."""
+        blocker = self.live_blocker()
+        if blocker:
+            return False, blocker
+        return self.supported(system, device_type)
+
+    def live_blocker(self) -> str:
+        """Why this fix can never be applied live by gpudiag ("" when it can)."""
+        if self.kind is FixKind.ENVIRONMENT:
+            return "environment fixes need a new process: export them with to_env()"
+        if self.kind is FixKind.ADVICE:
+            return f"advice only, the change is in your code: {self.describe()}"
+        if not self.implemented:
+            return f"{self.label} is not implemented in this version of gpudiag"
+        return ""
+
+    def env(self) -> dict[str, str]:
+        return self.spec.env(self._params)
+
+    def code(self) -> list[str]:
+        return self.spec.code(self._params)
+
+    # -- applying -------------------------------------------------------------------------
+    def apply(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        system: Any = None,
+        device_type: str | None = None,
+        check: bool = True,
+    ) -> AppliedFixes:
+        """Apply this fix until ``revert()`` (see :func:`apply_fixes`)."""
+        return apply_fixes(
+            [self], model, optimizer, system=system, device_type=device_type, check=check
+        )
+
+    @contextmanager
+    def applied(
+        self, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> Iterator[AppliedFixes]:
+        handle = self.apply(model, optimizer, **kwargs)
+        try:
+            yield handle
+        finally:
+            handle.revert()
+
+    # -- identity and display ---------------------------------------------------------------
+    def _key(self) -> tuple[Any, ...]:
+        return (self.id, _freeze(self._params))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fix) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        args = "".join(f", {k}={v!r}" for k, v in self._params.items())
+        return f"Fix({self.id!r}{args})"
+
+    def __str__(self) -> str:
+        return self.label
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "id": self.id,
+                "params": self._params,
+                "label": self.label,
+                "kind": self.kind.value,
+                "implemented": self.implemented,
+                "description": self.describe(),
+            }
+        )
+
+    def _repr_html_(self) -> str:
+        rows: list[tuple[object, object]] = [("kind", self.kind.value)]
+        rows += [(k, _value_text(v)) for k, v in self._params.items()]
+        if not self.implemented:
+            rows.append(("status", "not implemented in this version"))
+        return card(f"Fix {self.label}", f"<div>{esc(self.describe())}</div>" + html_table(rows))
+
+
+def _has_required(spec: FixSpec) -> bool:
+    return any(f.is_required() for f in spec.Params.model_fields.values())
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return ";".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _parse_value(text: str) -> Any:
+    low = text.lower()
+    if low in {"true", "yes", "on"}:
+        return True
+    if low in {"false", "no", "off"}:
+        return False
+    if low in {"none", "null"}:
+        return None
+    return text  # pydantic turns "4" into 4 where the schema wants an int
+
+
+# -- applying several fixes -------------------------------------------------------------------
+
+
+def check_conflicts(fixes: Iterable[Fix]) -> None:
+    """At most one fix per group (one precision, one attention backend) and no duplicates."""
+    seen: dict[str, Fix] = {}
+    for fix in fixes:
+        key = fix.spec.group or fix.id
+        if key in seen:
+            other = seen[key]
+            raise FixConflictError(
+                f"{other.label} and {fix.label} change the same thing ({key}); "
+                "try them as separate fixes (separate arms) instead of together"
+            )
+        seen[key] = fix
+
+
+def ordered(fixes: Iterable[Fix]) -> list[Fix]:
+    return sorted(fixes, key=lambda f: f.spec.order)
+
+
+class AppliedFixes:
+    """Fixes applied to a model (or the process) until ``revert()``.
+
+    ``model`` may be a new object (``torch.compile`` returns a wrapper): use it. ``scaler`` is
+    the GradScaler fp16 needs (None otherwise). ``skipped`` lists (fix, reason) pairs that were
+    not applied. ``revert()`` undoes everything; a second call does nothing.
+    """
+
+    def __init__(
+        self, fixes: list[Fix], target: FixTarget, stack: ExitStack, skipped: list[tuple[Fix, str]]
+    ):
+        self.fixes = fixes
+        self.target = target
+        self.skipped = skipped
+        self._stack = stack
+
+    @property
+    def model(self) -> Any:
+        return self.target.model
+
+    @property
+    def optimizer(self) -> Any:
+        return self.target.optimizer
+
+    @property
+    def scaler(self) -> Any:
+        return self.target.scaler
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.target.notes)
+
+    def revert(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> AppliedFixes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.revert()
+
+    def __repr__(self) -> str:
+        applied = ", ".join(f.label for f in self.fixes) or "nothing"
+        text = f"AppliedFixes({applied})"
+        for fix, reason in self.skipped:
+            text += f"\n  skipped {fix.label}: {reason}"
+        for note in self.target.notes:
+            text += f"\n  note: {note}"
+        return text
+
+
+def apply_fixes(
+    fixes: Iterable[Fix],
+    model: Any = None,
+    optimizer: Any = None,
+    *,
+    system: Any = None,
+    device_type: str | None = None,
+    check: bool = True,
+    skip_unsupported: bool = False,
+) -> AppliedFixes:
+    """Apply fixes to a user's own training code until ``revert()``.
+
+    Switches (TF32, SDPA backends, cudnn.benchmark) are set process-wide. Precision fixes wrap
+    ``model.forward`` in autocast (outputs cast back to float32, so the loss is computed in
+    float32), or, without a model, enter autocast for everything that follows. Environment and
+    advice fixes cannot be applied live and raise UnsupportedFixError (or are skipped with
+    ``skip_unsupported``), as do fixes the hardware cannot take when ``check`` is on.
+    """
+    fixes = ordered(fixes)
+    check_conflicts(fixes)
+    if device_type is None and model is not None:
+        device_type = _model_device_type(model)
+    if check and system is None:
+        system = _system.current_system()
+    dev = (
+        _system.device_type_for(system, device_type)
+        if system is not None
+        else (device_type or "cpu")
+    )
+    target = FixTarget(
+        model=model, optimizer=optimizer, owns_step=False, device_type=dev, system=system
+    )
+    stack = ExitStack()
+    applied: list[Fix] = []
+    skipped: list[tuple[Fix, str]] = []
+    try:
+        for fix in fixes:
+            reason = fix.live_blocker()
+            can = not reason
+            if can and check:
+                can, reason = fix.supported(system, dev)
+            if not can:
+                if skip_unsupported:
+                    skipped.append((fix, reason))
+                    continue
+                raise UnsupportedFixError(f"cannot apply {fix.label}: {reason}")
+            fix.spec.prepare(fix.params, target, stack)
+            stack.enter_context(fix.spec.scope(fix.params, target))
+            applied.append(fix)
+        honour_autocast(target, stack)
+    except BaseException:
+        stack.close()
+        raise
+    return AppliedFixes(applied, target, stack, skipped)
+
+
+def _model_device_type(model: Any) -> str | None:
+    try:
+        first = next(iter(model.parameters()))
+    except (AttributeError, StopIteration, TypeError):
+        return None
+    return str(first.device.type)
+
+
+def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
+    """Make ``target.autocast_dtype`` take effect outside gpudiag's own step (see FixTarget)."""
+    if target.autocast_dtype is None:
+        return
+    import torch
+
+    if target.model is None:
+        stack.enter_context(torch.autocast(target.device_type, dtype=target.autocast_dtype))
+        return
+    model = target.model
+    had_own = "forward" in vars(model)
+    previous = vars(model).get("forward")
+    original = model.forward
+    device_type, dtype = target.device_type, target.autocast_dtype
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            out = original(*args, **kwargs)
+        return to_float32(out)
+
+    model.forward = forward
+
+    def undo() -> None:
+        if had_own:
+            model.forward = previous
+        else:
+            vars(model).pop("forward", None)
+
+    stack.callback(undo)
+
+
+def to_float32(value: Any) -> Any:
+    """Low-precision floating tensors in (nested) outputs back to float32 for the loss."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
+        return type(value)(*(to_float32(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_float32(v) for v in value)
+    if isinstance(value, dict):
+        out = dict(value) if type(value) is dict else value  # model-output classes update in place
+        for k, v in list(value.items()):
+            out[k] = to_float32(v)
+        return out
+    return value

@@ -1,0 +1,127 @@
+"""Environment fixes (allocator, NCCL) exported as variables, and advice-only fixes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+
+# Values stay plain tokens so an exported line can never smuggle shell syntax.
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+\-]*$")
+_NCCL_NAME = re.compile(r"^NCCL_[A-Z0-9_]+$")
+
+
+class _Environment(FixSpec):
+    kind = FixKind.ENVIRONMENT
+
+    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+        raise UnsupportedFixError(
+            f"{self.id} sets environment variables that are read when the process starts: export "
+            "them (Recipe.to_env() / torchrun_command()) and restart, they are not applied live"
+        )
+
+
+class AllocatorParams(FixParams):
+    expandable_segments: bool | None = True
+    max_split_size_mb: int | None = Field(None, ge=21)  # the allocator rejects <= 20
+
+
+@register
+class AllocatorConfig(_Environment):
+    id = "allocator.config"
+    summary = (
+        "Configure PyTorch's CUDA caching allocator (PYTORCH_CUDA_ALLOC_CONF): expandable segments "
+        "or a split-size cap reduce fragmentation out-of-memory errors."
+    )
+    Params = AllocatorParams
+
+    def supported(
+        self, params: Mapping[str, Any], system: Any, device_type: str
+    ) -> tuple[bool, str]:
+        if device_type != "cuda":
+            return False, "the CUDA caching allocator is not used on the CPU"
+        return True, ""
+
+    def env(self, params: Mapping[str, Any]) -> dict[str, str]:
+        parts = []
+        if params.get("expandable_segments") is not None:
+            parts.append(f"expandable_segments:{bool(params['expandable_segments'])}")
+        if params.get("max_split_size_mb") is not None:
+            parts.append(f"max_split_size_mb:{int(params['max_split_size_mb'])}")
+        return {"PYTORCH_CUDA_ALLOC_CONF": ",".join(parts)} if parts else {}
+
+
+class NcclParams(FixParams):
+    variables: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("variables")
+    @classmethod
+    def _names_and_values(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _NCCL_NAME.match(name):
+                raise ValueError(f"{name!r} is not an NCCL variable (NCCL_ followed by capitals)")
+            if not _SAFE_VALUE.match(text):
+                raise ValueError(f"value of {name} may hold only letters, digits and _.,:=/+-")
+        return value
+
+
+@register
+class NcclEnv(_Environment):
+    id = "nccl.env"
+    summary = "Set NCCL environment variables (algorithm, protocol, channels, network interface)."
+    Params = NcclParams
+
+    def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        # gd.Fix("nccl.env", NCCL_ALGO="Ring") and "nccl.env:NCCL_ALGO=Ring" both work.
+        out = dict(params)
+        loose = {k: out.pop(k) for k in list(out) if k.startswith("NCCL_")}
+        if loose:
+            out["variables"] = {
+                **dict(out.get("variables") or {}),
+                **{k: str(v) for k, v in loose.items()},
+            }
+        return out
+
+    def supported(
+        self, params: Mapping[str, Any], system: Any, device_type: str
+    ) -> tuple[bool, str]:
+        if device_type != "cuda":
+            return False, "NCCL runs only between NVIDIA GPUs (CPU jobs use gloo)"
+        return True, ""
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        variables = params.get("variables") or {}
+        listed = ", ".join(f"{k}={v}" for k, v in variables.items()) or "none given"
+        return f"{self.summary} Variables: {listed}."
+
+    def env(self, params: Mapping[str, Any]) -> dict[str, str]:
+        return dict(params.get("variables") or {})
+
+
+class SyncParams(FixParams):
+    call_site: str = ""
+
+
+@register
+class SyncRemove(FixSpec):
+    id = "sync.remove"
+    kind = FixKind.ADVICE
+    summary = (
+        "Remove host synchronisation from the training step (.item(), printing a tensor, .cpu(), "
+        "torch.cuda.synchronize): keep values on the device and log every N steps."
+    )
+    Params = SyncParams
+    main_param = "call_site"
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        site = params.get("call_site")
+        return f"{self.summary} Found at: {site}." if site else self.summary
+
+    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+        raise UnsupportedFixError(f"sync.remove is advice: {self.describe(params)}")

@@ -1,0 +1,118 @@
+"""Compare before/after fixes: the cell as the workload (%%), or a Workload / demo workload (%).
+
+``%%gpudiag compare --fix precision.bf16 --fix attention.backend=flash`` runs the cell as one
+training step, many times, with each fix applied around it (ambient fixes and compile). The
+torch modules and optimizers the cell uses are restored afterwards, and so are the notebook
+variables it assigns; a ``loss`` variable set by the cell feeds the drift check. The cell's
+printed output is silenced while it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from gpudiag.cli.compare import add_protocol_arguments, finish, parse_overrides, run_comparison
+from gpudiag.errors import GpuDiagError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workload",
+        metavar="NAME",
+        help="line form: a gd.Workload variable of the notebook, or a demo workload "
+        "(gpt, mlp, cnn, input_bound)",
+    )
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="change the demo workload"
+    )
+    add_protocol_arguments(parser)
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """Every global name the code (and the functions it defines) reads or writes."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _names(const)
+    return out
+
+
+def _torch_objects(names: set[str], namespace: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    import torch
+
+    modules, optimizers = [], []
+    for name in sorted(names):
+        value = namespace.get(name)
+        if isinstance(value, torch.nn.Module):
+            modules.append(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            optimizers.append(value)
+    return modules, optimizers
+
+
+@contextlib.contextmanager
+def _bindings_restored(names: set[str], namespace: dict[str, Any]) -> Iterator[None]:
+    """The notebook's variables the cell rebinds are put back; names it creates are removed."""
+    saved = {n: namespace[n] for n in names if n in namespace}
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                namespace[name] = saved[name]
+            else:
+                namespace.pop(name, None)
+
+
+def cell_workload(cell: str, namespace: dict[str, Any]) -> tuple[Any, set[str]]:
+    """A step-function workload that runs the cell; its modules and optimizers are protected."""
+    from gpudiag.experiment.workload import Workload
+
+    code = compile(cell, "<%%gpudiag compare cell>", "exec")
+    names = _names(code)
+    modules, optimizers = _torch_objects(names, namespace)
+
+    def step() -> Any:
+        exec(code, namespace)  # the user's own cell, in their own namespace
+        return namespace.get("loss")
+
+    # The biggest module is "the model": reset between arms, its gradients give the grad norm.
+    model = max(modules, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+    workload = Workload.from_step(
+        step, model=model, optimizer=optimizers[0] if optimizers else None, name="cell"
+    )
+    workload.protected = tuple(modules + optimizers)
+    return workload, names
+
+
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
+    if cell is not None and cell.strip():
+        workload, names = cell_workload(cell, namespace)
+        # Cell output is silenced while it runs dozens of times; the progress bar stays.
+        with _bindings_restored(names, namespace), contextlib.redirect_stdout(io.StringIO()):
+            result = run_comparison(workload, args, progress=not args.json)
+    else:
+        if not args.workload:
+            raise GpuDiagError(
+                "use %%gpudiag compare --fix ... as a cell magic (the cell is the step), or "
+                "%gpudiag compare --workload NAME --fix ... with a gd.Workload variable or a "
+                "demo name"
+            )
+        from gpudiag.experiment.workload import Workload
+
+        value = namespace.get(args.workload)
+        if isinstance(value, Workload):
+            workload = value
+        else:
+            from gpudiag import workloads
+
+            workload = workloads.get(args.workload, **parse_overrides(args.set))
+        result = run_comparison(workload, args, progress=not args.json)
+    finish(result, args)
+    return result.to_dict() if args.json else result

@@ -1,0 +1,23 @@
+"""Show, check or export a recipe: show | check | env | python | torchrun FILE."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gpudiag.cli.recipe import add_arguments as _add_arguments
+from gpudiag.cli.recipe import render
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_arguments(parser)
+
+
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    if args.action == "show" and not args.json:
+        from gpudiag.recipe import Recipe
+
+        return Recipe.load(args.file)  # displayed as its HTML card
+    text, _ = render(args)
+    print(text, end="")
+    return None

@@ -1,0 +1,415 @@
+"""The recipe schema: kept fixes with their parameters and evidence; safe YAML / JSON; export."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpudiag._report import card, esc, html_grid, html_table
+from gpudiag.errors import GpuDiagError, RecipeError
+from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflicts
+
+SCHEMA_VERSION = 1
+RECIPE_KIND = "gpudiag.recipe"
+
+
+class Evidence(BaseModel):
+    """Why a fix is in the recipe: what it measured, where, and how sure that is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    speedup: float | None = None  # baseline step time / fix step time (median per round)
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    confidence: float | None = None
+    verdict: Literal["faster", "slower", "no significant difference"] | None = None
+    arm: str | None = None  # the arm it was measured in (a combination names all its fixes)
+    step_time_s: float | None = None
+    baseline_step_time_s: float | None = None
+    rounds: int | None = Field(None, ge=0)
+    loss_drift: float | None = None  # max relative difference of the loss over the drift steps
+    grad_norm_drift: float | None = None
+    drift_status: str | None = None
+    peak_memory_bytes: int | None = None
+    baseline_peak_memory_bytes: int | None = None
+    memory_method: str | None = None
+    hardware: str | None = None
+    device_type: Literal["cpu", "cuda"] | None = None
+    compute_capability: str | None = None
+    torch_version: str | None = None
+    workload: str | None = None
+    measured_at: str | None = None
+
+    def summary(self) -> str:
+        parts = []
+        if self.speedup is not None:
+            ci = ""
+            if self.speedup_low is not None and self.speedup_high is not None:
+                pct = f"{self.confidence:.0%} " if self.confidence else ""
+                ci = f" ({pct}CI {self.speedup_low:.2f}-{self.speedup_high:.2f}x)"
+            parts.append(f"{self.speedup:.2f}x{ci}")
+        if self.loss_drift is not None:
+            parts.append(f"loss drift {self.loss_drift * 100:.2g}%")
+        if self.hardware:
+            parts.append(f"on {self.hardware}")
+        return ", ".join(parts) or "no evidence recorded"
+
+
+class RecipeFix(BaseModel):
+    """One fix of a recipe: a known id, parameters its schema accepts, and its evidence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    evidence: Evidence | None = None
+
+    @model_validator(mode="after")
+    def _known(self) -> RecipeFix:
+        fix = Fix(self.id, **self.params)  # FixError (a ValueError) for unknown ids or params
+        object.__setattr__(self, "params", fix.params)
+        return self
+
+    def fix(self) -> Fix:
+        return Fix(self.id, **self.params)
+
+
+class Recipe(BaseModel):
+    """Fixes that worked, as data: ``gd.Recipe.load(path).apply(model, optimizer=...)``.
+
+    Versioned (``schema_version``); saved as YAML or JSON and loaded with a safe loader;
+    unknown fix ids or parameters are rejected; nothing in the file is ever executed.
+    ``apply`` re-checks the hardware and skips, with the reason, what it cannot do.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["gpudiag.recipe"] = "gpudiag.recipe"
+    schema_version: int = SCHEMA_VERSION
+    gpudiag_version: str = ""
+    created_at: str = ""
+    workload: str | None = None
+    hardware: str | None = None
+    fixes: list[RecipeFix] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(
+                f"schema_version {value} is newer than this gpudiag understands "
+                f"({SCHEMA_VERSION}): upgrade gpudiag"
+            )
+        if value < 1:
+            raise ValueError("schema_version must be 1 or more")
+        return value
+
+    @model_validator(mode="after")
+    def _compatible(self) -> Recipe:
+        check_conflicts(f.fix() for f in self.fixes)
+        return self
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def of(
+        cls, fixes: Iterable[Fix | str], *, workload: str | None = None, notes: Sequence[str] = ()
+    ) -> Recipe:
+        """A recipe from fixes alone (no evidence), e.g. to export a hand-picked set."""
+        items = [Fix.coerce(f) for f in fixes]
+        return cls._build(
+            [RecipeFix(id=f.id, params=f.params) for f in items], workload=workload, notes=notes
+        )
+
+    @classmethod
+    def _build(cls, fixes: list[RecipeFix], **kwargs: Any) -> Recipe:
+        from gpudiag import __version__
+
+        return cls(
+            gpudiag_version=__version__,
+            created_at=_dt.datetime.now().isoformat(timespec="seconds"),
+            fixes=fixes,
+            notes=list(kwargs.pop("notes", ()) or ()),
+            **kwargs,
+        )
+
+    @classmethod
+    def from_comparison(cls, comparison: Any, arms: Sequence[Any]) -> Recipe:
+        """The fixes of ``arms``, best first (conflicts and repeats dropped), with evidence."""
+        base = comparison.baseline
+        chosen: list[RecipeFix] = []
+        groups: set[str] = set()
+        ranked = sorted(arms, key=lambda a: a.speedup.value if a.speedup else 0.0, reverse=True)
+        notes = []
+        for arm in ranked:
+            for fix in arm.fixes:
+                group = fix.spec.group or fix.id
+                if group in groups:
+                    continue
+                groups.add(group)
+                chosen.append(
+                    RecipeFix(
+                        id=fix.id, params=fix.params, evidence=_evidence(comparison, arm, base)
+                    )
+                )
+        if not chosen:
+            notes.append(
+                "no fix was both faster and numerically close to the baseline in this comparison"
+            )
+        return cls._build(
+            chosen, workload=comparison.workload, hardware=comparison.hardware, notes=notes
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "recipe") -> Recipe:
+        if not isinstance(data, dict):
+            raise RecipeError(
+                f"{source}: a recipe is a mapping (kind, schema_version, fixes), "
+                f"got {type(data).__name__}"
+            )
+        if data.get("kind", RECIPE_KIND) != RECIPE_KIND:
+            raise RecipeError(
+                f"{source}: kind is {data.get('kind')!r}, not {RECIPE_KIND!r}: not a gpudiag recipe"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(_error_text(err) for err in exc.errors())
+            raise RecipeError(f"{source} is not a valid recipe: {problems}") from None
+        except GpuDiagError as exc:  # a conflict found by the model validator
+            raise RecipeError(f"{source}: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Recipe:
+        """Read a recipe (``.json``, else YAML with the safe loader); errors say what to fix."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise RecipeError(f"cannot read recipe {p}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise RecipeError(
+                f"{p} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {exc}"
+            ) from None
+        return cls.from_dict(data, source=str(p))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write as JSON (``.json``) or YAML (anything else); returns the path."""
+        p = Path(path)
+        p.write_text(
+            self.to_json() if p.suffix.lower() == ".json" else self.to_yaml(), encoding="utf-8"
+        )
+        return p
+
+    # -- views ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def to_yaml(self) -> str:
+        header = (
+            "# gpudiag recipe: data only (safe YAML).\n"
+            "# Apply with gd.Recipe.load(path).apply(model, optimizer=...)\n"
+        )
+        return header + yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def fix_objects(self) -> list[Fix]:
+        return [f.fix() for f in self.fixes]
+
+    def env_vars(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for fix in self.fix_objects():
+            out.update(fix.env())
+        return out
+
+    def to_env(self) -> str:
+        """``export NAME=value`` lines for the environment fixes (empty when there are none)."""
+        return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env_vars().items())
+
+    def torchrun_command(
+        self,
+        script: str = "train.py",
+        *,
+        nproc_per_node: int | str = "gpu",
+        args: Sequence[str] = (),
+    ) -> str:
+        """A launch line with the recipe's environment: ``NAME=value torchrun ... script``."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_vars().items())
+        cmd = f"torchrun --standalone --nproc_per_node={nproc_per_node} {shlex.quote(script)}"
+        if args:
+            cmd += " " + " ".join(shlex.quote(a) for a in args)
+        return f"{env} {cmd}" if env else cmd
+
+    def to_python(self, path: str = "recipe.yaml") -> str:
+        """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent."""
+        lines = [f"# gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
+        if self.hardware:
+            lines.append(f"# measured on {self.hardware}")
+        for f in self.fixes:
+            evidence = f" - {f.evidence.summary()}" if f.evidence else ""
+            lines.append(f"#   {f.fix().label}{evidence}")
+        env = self.to_env()
+        if env:
+            lines.append("# Environment fixes must be set before the process starts:")
+            lines += [f"#   {line}" for line in env.splitlines()]
+        lines += [
+            "import gpudiag as gd",
+            "",
+            f"applied = gd.Recipe.load({path!r}).apply(model, optimizer=optimizer)",
+            "print(applied)  # what was applied; what this machine cannot do is skipped, with why",
+            "model = applied.model  # torch.compile returns a wrapper: use this one",
+        ]
+        if any(f.id == "precision.fp16" for f in self.fixes):
+            lines += [
+                "scaler = applied.scaler  # fp16 in your step:",
+                "#   scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()",
+            ]
+        plain = [
+            line
+            for fix in self.fix_objects()
+            for line in [f"# {fix.label}:", *(f"#     {c}" for c in fix.code())]
+            if fix.code()
+        ]
+        if plain:
+            lines += ["", "# The same in plain PyTorch:", *plain]
+        return "\n".join(lines) + "\n"
+
+    def check(
+        self, system: Any = None, device_type: str | None = None
+    ) -> list[tuple[Fix, bool, str]]:
+        """(fix, can be applied here, reason) for each fix, against this (or the given) machine."""
+        if system is None:
+            from gpudiag.fixes._system import current_system
+
+            system = current_system()
+        out = []
+        for fix in self.fix_objects():
+            if fix.kind is FixKind.ENVIRONMENT:
+                ok, reason = fix.supported(system, device_type)
+                out.append(
+                    (
+                        fix,
+                        ok,
+                        reason
+                        or "export before starting: "
+                        + ", ".join(f"{k}={v}" for k, v in fix.env().items()),
+                    )
+                )
+            else:
+                ok, reason = fix.tryable(system, device_type)
+                out.append((fix, ok, reason))
+        return out
+
+    def apply(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        system: Any = None,
+        *,
+        device_type: str | None = None,
+    ) -> AppliedFixes:
+        """Apply the recipe to a training script's model; revert with ``.revert()``.
+
+        Re-checks each fix on this machine: what it cannot do (other hardware, a missing
+        package, an environment variable not set before start, a fix not implemented in this
+        version) is skipped and listed in ``.skipped`` with the reason, never forced.
+        """
+        fixes = self.fix_objects()
+        live = [f for f in fixes if f.kind is not FixKind.ENVIRONMENT]
+        applied = apply_fixes(
+            live, model, optimizer, system=system, device_type=device_type, skip_unsupported=True
+        )
+        for fix in fixes:
+            if fix.kind is FixKind.ENVIRONMENT:
+                missing = {k: v for k, v in fix.env().items() if os.environ.get(k) != v}
+                if missing:
+                    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in missing.items())
+                    applied.skipped.append(
+                        (fix, f"set before the process starts (recipe.to_env()): {text}")
+                    )
+                else:
+                    applied.fixes.append(fix)
+        return applied
+
+    # -- display ----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        count = f"{len(self.fixes)} fix{'es' if len(self.fixes) != 1 else ''}"
+        head = f"Recipe(schema {self.schema_version}, {count}"
+        head += f", workload {self.workload!r})" if self.workload else ")"
+        lines = [head]
+        if self.hardware:
+            lines.append(f"  measured on {self.hardware}")
+        for f in self.fixes:
+            lines.append(
+                f"  {f.fix().label}: "
+                + (f.evidence.summary() if f.evidence else "no evidence recorded")
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.__repr__()
+
+    def _repr_html_(self) -> str:
+        rows = [
+            [f.fix().label, f.fix().kind.value, f.evidence.summary() if f.evidence else "none"]
+            for f in self.fixes
+        ]
+        facts = html_table(
+            [
+                ("schema", self.schema_version),
+                ("workload", self.workload or ""),
+                ("measured on", self.hardware or ""),
+            ]
+        )
+        notes = "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
+        return card("gpudiag recipe", html_grid(("fix", "kind", "evidence"), rows) + facts + notes)
+
+
+def _error_text(err: Any) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _evidence(comparison: Any, arm: Any, base: Any) -> Evidence:
+    facts = comparison.system or {}
+    drift = arm.drift
+    mem = arm.memory
+    base_mem = base.memory
+    sp = arm.speedup
+    return Evidence(
+        speedup=sp.value if sp else None,
+        speedup_low=sp.low if sp else None,
+        speedup_high=sp.high if sp else None,
+        confidence=sp.confidence if sp else None,
+        verdict=arm.verdict,
+        arm=arm.label,
+        step_time_s=arm.step_time.median_s if arm.step_time.n else None,
+        baseline_step_time_s=base.step_time.median_s if base.step_time.n else None,
+        rounds=arm.step_time.n,
+        loss_drift=drift.loss_rel if drift else None,
+        grad_norm_drift=drift.grad_norm_rel if drift else None,
+        drift_status=drift.status if drift else None,
+        peak_memory_bytes=mem.peak_bytes if mem else None,
+        baseline_peak_memory_bytes=base_mem.peak_bytes if base_mem else None,
+        memory_method=mem.method if mem else None,
+        hardware=comparison.hardware,
+        device_type=facts.get("device_type"),
+        compute_capability=facts.get("compute_capability"),
+        torch_version=facts.get("torch"),
+        workload=comparison.workload,
+        measured_at=comparison.created_at or None,
+    )

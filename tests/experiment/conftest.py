@@ -1,0 +1,51 @@
+"""Fakes for comparison tests: a fake clock and a hand-built machine report."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudiag.probe.model import DriverInfo, HostInfo, TorchInfo
+from gpudiag.probe.readings import ok
+from gpudiag.probe.system import SystemReport
+
+
+class FakeClock:
+    """Seconds that pass only when a fake step says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def cpu_system(*flags: str) -> SystemReport:
+    """A GPU-less machine whose CPU has ``flags`` (e.g. avx512_bf16)."""
+    host = HostInfo(
+        hostname="fake",
+        cpu_model=ok("Fake CPU", "host"),
+        cpu_flags=tuple(flags),
+        logical_cores=ok(2),
+        memory_total_bytes=ok(16 << 30),
+        memory_available_bytes=ok(8 << 30),
+        torch=TorchInfo(version=ok("2.13.0+cpu"), cuda_available=ok(False)),
+    )
+    return SystemReport(host=host, gpus=(), driver=DriverInfo(), gpu_count=ok(0))
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_cpu_system() -> object:
+    return cpu_system
+
+
+@pytest.fixture
+def bf16_cpu() -> SystemReport:
+    return cpu_system("avx2", "avx512f", "avx512_bf16")

@@ -1,0 +1,212 @@
+"""gd.compare's protocol on a fake clock: exact rounds, verdicts and stop reasons."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from gpudiag.experiment.compare import compare
+from gpudiag.experiment.workload import Workload
+
+BASE_S = 0.010
+
+
+def fake_step(
+    clock: Any, *, noise: float = 0.0, seed: int = 0, loss_under_autocast: float = 1.0
+) -> Workload:
+    """A step that "takes" 10 ms, 5 ms under bf16 autocast, whatever the SDPA backend."""
+    rng = random.Random(seed)
+
+    def step() -> float:
+        fast = torch.is_autocast_enabled("cpu")
+        jitter = 1.0 + (rng.uniform(-noise, noise) if noise else 0.0)
+        clock.advance(BASE_S * (0.5 if fast else 1.0) * jitter)
+        return loss_under_autocast if fast else 1.0
+
+    return Workload.from_step(step, name="fake")
+
+
+def run(clock: Any, system: Any, workload: Workload, fixes: list[Any], **kw: Any) -> Any:
+    options: dict[str, Any] = {
+        "system": system,
+        "clock": clock,
+        "progress": False,
+        "measure_memory": False,
+        "steps_per_sample": 1,
+        "min_rounds": 5,
+    }
+    options.update(kw)
+    return compare(workload, fixes, **options)
+
+
+def test_noiseless_speedup_is_exact_and_stops_after_two_agreeing_looks(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    c = run(fake_clock, bf16_cpu, fake_step(fake_clock), ["precision.bf16"])
+    est = c.speedup("precision.bf16")
+    assert (est.value, est.low, est.high) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
+    assert c.verdict() == "faster"
+    assert c.rounds == 6  # min_rounds looks once, the second agreeing look stops it
+    assert c.arm("precision.bf16").stop_reason == "the verdict was clear"
+    assert c.baseline.step_time.median_s == pytest.approx(BASE_S)
+
+
+def test_a_fix_that_changes_nothing_is_no_significant_difference(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    c = run(fake_clock, bf16_cpu, fake_step(fake_clock), ["attention.backend=math"])
+    assert c.verdict("attention.backend=math") == "no significant difference"
+    assert c.speedup().value == pytest.approx(1.0, rel=1e-12)
+    assert c.rounds == 5
+    assert c.arm("attention.backend=math").stop_reason == "any difference was shown to be small"
+
+
+def test_noisy_runs_are_reproducible_with_the_same_seeds(fake_clock: Any, bf16_cpu: Any) -> None:
+    first = run(fake_clock, bf16_cpu, fake_step(fake_clock, noise=0.3, seed=1), ["precision.bf16"])
+    fake_clock.now = 0.0
+    first_clock_reset = run(
+        fake_clock, bf16_cpu, fake_step(fake_clock, noise=0.3, seed=1), ["precision.bf16"]
+    )
+    fake_clock.now = 0.0
+    again = run(fake_clock, bf16_cpu, fake_step(fake_clock, noise=0.3, seed=1), ["precision.bf16"])
+    assert first_clock_reset.speedup() == again.speedup()
+    assert first_clock_reset.arm().step_time.samples_s == again.arm().step_time.samples_s
+    assert first.verdict() == "faster"
+    assert first.speedup().low < 2.0 < first.speedup().high
+
+
+def test_time_budget_stops_an_undecidable_comparison(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock, noise=0.9, seed=2),
+        ["attention.backend=math"],
+        time_budget_s=0.5,
+        max_rounds=10_000,
+    )
+    assert "time budget" in c.stop_reason
+    one_round_max = 2 * BASE_S * 1.9
+    assert 0.5 <= c.measuring_s < 0.5 + one_round_max
+    assert c.verdict("attention.backend=math") == "no significant difference"
+
+
+def test_fixed_protocol_runs_exactly_max_rounds(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        adaptive=False,
+        max_rounds=9,
+    )
+    assert c.rounds == 9
+    assert len(c.arm().step_time.samples_s) == 9
+    assert c.stop_reason == "fixed protocol: 9 rounds"
+
+
+def test_steps_per_sample_calibrated_from_warmup(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        steps_per_sample=None,
+        min_sample_s=0.05,
+    )
+    assert c.steps_per_sample == 10  # 50 ms / the fastest arm's 5 ms step
+    assert c.arm().step_time.median_s == pytest.approx(BASE_S / 2)
+
+
+def test_drift_of_a_step_function_from_its_returned_loss(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(
+        fake_clock, bf16_cpu, fake_step(fake_clock, loss_under_autocast=1.001), ["precision.bf16"]
+    )
+    drift = c.arm().drift
+    assert drift is not None
+    assert drift.status == "ok"
+    assert drift.loss_rel == pytest.approx(0.001)
+    assert drift.floor_loss_rel == 0.0
+    assert "not reset" in drift.note
+
+
+def test_a_fix_that_breaks_the_numbers_is_flagged_and_not_kept(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock, loss_under_autocast=math.nan),
+        ["precision.bf16"],
+    )
+    assert c.arm().drift.status == "non-finite"
+    assert c.verdict() == "faster"
+    assert c.kept() == []
+    assert any("drift" in w for w in c.warnings())
+    assert c.recipe().fixes == []
+
+
+def test_unsupported_fixes_are_skipped_with_the_reason(
+    fake_clock: Any, make_cpu_system: Any
+) -> None:
+    no_bf16 = make_cpu_system("avx2")
+    c = run(fake_clock, no_bf16, fake_step(fake_clock), ["precision.bf16", "precision.tf32"])
+    reasons = dict(c.skipped)
+    assert "AVX512-BF16" in reasons["precision.bf16"]
+    assert "TF32" in reasons["precision.tf32"]
+    from gpudiag.errors import GpuDiagError
+
+    with pytest.raises(GpuDiagError, match="no fix was measured"):
+        c.speedup()
+    with pytest.raises(GpuDiagError, match="AVX512-BF16"):
+        c.verdict("precision.bf16")
+
+
+def test_step_workloads_take_only_ambient_fixes(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(fake_clock, bf16_cpu, fake_step(fake_clock), ["batch.size:micro_batch=4"])
+    assert "not implemented" in dict(c.skipped)["batch.size=4"]
+
+
+def test_an_arm_that_runs_out_of_memory_is_reported_not_fatal(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    def step() -> None:
+        fake_clock.advance(BASE_S)
+        if torch.is_autocast_enabled("cpu"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    c = run(
+        fake_clock, bf16_cpu, Workload.from_step(step), ["precision.bf16", "attention.backend=math"]
+    )
+    assert c.arm("precision.bf16").error.startswith("out of memory")
+    assert c.verdict("attention.backend=math") == "no significant difference"
+    from gpudiag.errors import GpuDiagError
+
+    with pytest.raises(GpuDiagError, match="out of memory"):
+        c.verdict("precision.bf16")
+    assert torch.is_autocast_enabled("cpu") is False
+
+
+def test_combination_arm_and_json_report(fake_clock: Any, bf16_cpu: Any) -> None:
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock),
+        ["precision.bf16", "attention.backend=math"],
+        combine=True,
+    )
+    labels = [a.label for a in c.arms]
+    assert labels == [
+        "precision.bf16",
+        "attention.backend=math",
+        "precision.bf16+attention.backend=math",
+    ]
+    assert c.arm(["precision.bf16", "attention.backend=math"]).speedup.value == pytest.approx(2.0)
+    data = json.loads(json.dumps(c.to_dict()))
+    assert data["arms"][0]["verdict"] == "faster"
+    assert data["arms"][0]["step_time"]["samples_s"]
+    assert "precision.bf16" in repr(c)

@@ -1,0 +1,142 @@
+"""The fix registry: DESIGN.md's ids, parameters, parsing, and the not-yet-implemented ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes import Fix, FixError, FixKind, get_spec, registry
+
+# DESIGN.md, "Fix identifiers": the stable vocabulary and each id's kind.
+DESIGN_IDS = {
+    "precision.tf32": FixKind.AMBIENT,
+    "precision.bf16": FixKind.AMBIENT,
+    "precision.fp16": FixKind.AMBIENT,
+    "precision.fp8": FixKind.STRUCTURAL,
+    "batch.size": FixKind.STRUCTURAL,
+    "attention.backend": FixKind.AMBIENT,
+    "fsdp.wrap": FixKind.STRUCTURAL,
+    "activation.checkpointing": FixKind.STRUCTURAL,
+    "compile": FixKind.STRUCTURAL,
+    "dataloader.tuning": FixKind.STRUCTURAL,
+    "cudnn.benchmark": FixKind.AMBIENT,
+    "cuda.graphs": FixKind.STRUCTURAL,
+    "allocator.config": FixKind.ENVIRONMENT,
+    "nccl.env": FixKind.ENVIRONMENT,
+    "sync.remove": FixKind.ADVICE,
+}
+IMPLEMENTED = {
+    "precision.tf32",
+    "precision.bf16",
+    "precision.fp16",
+    "attention.backend",
+    "compile",
+    "cudnn.benchmark",
+}
+
+
+def test_registry_holds_exactly_the_design_vocabulary() -> None:
+    assert {k: s.kind for k, s in registry().items()} == DESIGN_IDS
+
+
+@pytest.mark.parametrize("fix_id", sorted(DESIGN_IDS))
+def test_every_fix_describes_itself(fix_id: str) -> None:
+    spec = get_spec(fix_id)
+    fix = Fix(fix_id) if fix_id != "nccl.env" else Fix(fix_id, NCCL_ALGO="Ring")
+    assert fix.describe()
+    assert json.loads(json.dumps(fix.to_dict()))["id"] == fix_id
+    assert fix.implemented is (
+        fix_id in IMPLEMENTED or spec.kind in (FixKind.ENVIRONMENT, FixKind.ADVICE)
+    )
+    assert fix.label in fix._repr_html_()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("precision.bf16", Fix("precision.bf16")),
+        ("attention.backend=flash", Fix("attention.backend", backend="flash")),
+        ("attention.backend=flash_attention_2", Fix("attention.backend", backend="flash_attn")),
+        ("compile=reduce-overhead", Fix("compile", mode="reduce-overhead")),
+        (
+            "compile:mode=max-autotune,fullgraph=true",
+            Fix("compile", mode="max-autotune", fullgraph=True),
+        ),
+        (
+            "batch.size:micro_batch=4,accumulation=2",
+            Fix("batch.size", micro_batch=4, accumulation=2),
+        ),
+        ("nccl.env:NCCL_ALGO=Ring", Fix("nccl.env", variables={"NCCL_ALGO": "Ring"})),
+    ],
+)
+def test_parse_and_label_round_trip(text: str, expected: Fix) -> None:
+    fix = Fix.parse(text)
+    assert fix == expected
+    assert hash(fix) == hash(expected)
+    assert Fix.parse(fix.label) == fix
+    assert Fix.from_dict(fix.to_dict()) == fix
+
+
+def test_unknown_ids_and_parameters_say_what_exists() -> None:
+    with pytest.raises(FixError, match=r"Known fixes: .*precision\.bf16"):
+        Fix("precision.bf17")
+    with pytest.raises(FixError, match="It takes: mode"):
+        Fix("compile", mod="default")
+    with pytest.raises(FixError, match="backend"):
+        Fix.parse("attention.backend=warp-speed")
+    with pytest.raises(FixError, match="no main parameter"):
+        Fix.parse("precision.bf16=yes")
+    with pytest.raises(FixError, match="NCCL"):
+        Fix("nccl.env", variables={"LD_PRELOAD": "x"})
+    with pytest.raises(FixError, match="letters, digits"):
+        Fix("nccl.env", NCCL_ALGO="Ring; rm -rf ~")
+    with pytest.raises(FixError, match="multiple of micro_batch"):
+        Fix("batch.size", micro_batch=3, global_batch=8)
+
+
+def test_fix_is_immutable() -> None:
+    fix = Fix("precision.bf16")
+    with pytest.raises(AttributeError):
+        fix.id = "precision.fp16"  # type: ignore[misc]
+    fix.params["x"] = 1
+    assert "x" not in fix.params
+
+
+@pytest.mark.parametrize(
+    "fix_id",
+    [
+        "precision.fp8",
+        "batch.size",
+        "activation.checkpointing",
+        "dataloader.tuning",
+        "fsdp.wrap",
+        "cuda.graphs",
+    ],
+)
+def test_planned_structural_fixes_refuse_to_apply(fix_id: str) -> None:
+    fix = Fix(fix_id)
+    assert not fix.implemented
+    ok, why = fix.tryable(object())
+    assert not ok
+    assert "not implemented" in why
+    with pytest.raises(UnsupportedFixError, match="not implemented in this version"):
+        fix.apply(check=False)
+
+
+def test_environment_fixes_export_instead_of_applying() -> None:
+    alloc = Fix("allocator.config", expandable_segments=True, max_split_size_mb=256)
+    assert alloc.env() == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:256"
+    }
+    assert Fix("nccl.env", NCCL_IB_DISABLE="1").env() == {"NCCL_IB_DISABLE": "1"}
+    with pytest.raises(UnsupportedFixError, match="to_env"):
+        alloc.apply(check=False)
+
+
+def test_advice_fix_carries_the_call_site() -> None:
+    fix = Fix.parse("sync.remove=train.py:42 loss.item()")
+    assert "train.py:42 loss.item()" in fix.describe()
+    with pytest.raises(UnsupportedFixError, match="advice"):
+        fix.apply(check=False)
