@@ -20,6 +20,23 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Reading": ("gpudiag.probe.readings", "Reading"),
     "Status": ("gpudiag.probe.readings", "Status"),
     "ReplayBackend": ("gpudiag.probe.replay", "ReplayBackend"),
+    "specs": ("gpudiag.specs", None),
+    "occupancy": ("gpudiag.analysis.occupancy", "occupancy"),
+    "Occupancy": ("gpudiag.analysis.occupancy", "Occupancy"),
+    "best_block_size": ("gpudiag.analysis.occupancy", "best_block_size"),
+    "occupancy_curve": ("gpudiag.analysis.occupancy", "occupancy_curve"),
+    "analyze_trace": ("gpudiag.analysis.trace", "analyze_trace"),
+    "TraceReport": ("gpudiag.analysis.trace", "TraceReport"),
+    "profile": ("gpudiag.profiling", "profile"),
+    "monitor": ("gpudiag.monitoring", "monitor"),
+    "Monitor": ("gpudiag.monitoring", "Monitor"),
+    "bench": ("gpudiag.bench", None),
+    "roofline": ("gpudiag.analysis.roofline", "roofline"),
+    "Workload": ("gpudiag.experiment.workload", "Workload"),
+    "Fix": ("gpudiag.fixes", "Fix"),
+    "compare": ("gpudiag.experiment.compare", "compare"),
+    "Comparison": ("gpudiag.experiment.compare", "Comparison"),
+    "Recipe": ("gpudiag.recipe", "Recipe"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -54,8 +71,25 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
+    from gpudiag import bench as bench
+    from gpudiag import specs as specs
+    from gpudiag.analysis.occupancy import Occupancy as Occupancy
+    from gpudiag.analysis.occupancy import best_block_size as best_block_size
+    from gpudiag.analysis.occupancy import occupancy as occupancy
+    from gpudiag.analysis.occupancy import occupancy_curve as occupancy_curve
+    from gpudiag.analysis.roofline import roofline as roofline
+    from gpudiag.analysis.trace import TraceReport as TraceReport
+    from gpudiag.analysis.trace import analyze_trace as analyze_trace
+    from gpudiag.experiment.compare import Comparison as Comparison
+    from gpudiag.experiment.compare import compare as compare
+    from gpudiag.experiment.workload import Workload as Workload
+    from gpudiag.fixes import Fix as Fix
+    from gpudiag.monitoring import Monitor as Monitor
+    from gpudiag.monitoring import monitor as monitor
     from gpudiag.probe.readings import Reading as Reading
     from gpudiag.probe.readings import Status as Status
     from gpudiag.probe.replay import ReplayBackend as ReplayBackend
     from gpudiag.probe.system import SystemReport as SystemReport
     from gpudiag.probe.system import inspect as inspect
+    from gpudiag.profiling import profile as profile
+    from gpudiag.recipe import Recipe as Recipe

@@ -68,7 +68,8 @@ class Reading(Generic[T]):
         value = data.get("value")
         if isinstance(value, list):
             value = tuple(value)
-        return Reading(value, Status(data["status"]), data.get("reason", ""), data.get("source", ""))
+        status = Status(data["status"])
+        return Reading(value, status, data.get("reason", ""), data.get("source", ""))
 
     def __repr__(self) -> str:
         if self.status is Status.OK:

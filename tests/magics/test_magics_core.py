@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from IPython.testing.globalipapp import get_ipython
 
 from gpudiag.probe.system import SystemReport
 from tests.conftest import FIXTURES
 
 
-@pytest.fixture(scope="module")
-def ip() -> Iterator[Any]:
-    shell = get_ipython()
-    shell.run_line_magic("load_ext", "gpudiag")
-    yield shell
-    shell.run_line_magic("unload_ext", "gpudiag")
+@pytest.fixture
+def ip(ipython_shell: Any) -> Any:
+    return ipython_shell
 
 
 def test_help_lists_subcommands(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
