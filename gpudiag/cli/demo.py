@@ -1,4 +1,4 @@
-"""Show what gpudiag does on this machine and on a recorded A100, using built-in workloads."""
+"""Show what gpudiag does: this machine, a recorded A100, a profile, a before/after experiment."""
 
 from __future__ import annotations
 
@@ -10,15 +10,56 @@ from gpudiag.probe.system import inspect
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="only the reports, no experiments")
+    parser.add_argument(
+        "--budget", type=float, default=40.0, help="seconds the before/after experiment may take"
+    )
 
 
 def _section(title: str) -> None:
-    print(f"\n=== {title} " + "=" * max(0, 70 - len(title)))
+    print(f"\n=== {title} " + "=" * max(0, 70 - len(title)), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     _section("This machine (live)")
-    print(inspect())
+    system = inspect()
+    print(system)
     _section("A recorded machine: NVIDIA A100-SXM4-80GB with MIG (replay)")
     print(inspect(replay=recording(A100_MIG)))
+    _section("Occupancy of a kernel on the A100 (cc 8.0): 256 threads, 64 registers")
+    from gpudiag.analysis.occupancy import best_block_size, occupancy
+
+    print(occupancy((8, 0), threads_per_block=256, regs_per_thread=64))
+    size, best = best_block_size((8, 0), regs_per_thread=64)
+    print(f"best block size for 64 registers/thread: {size} ({best.occupancy:.0%} occupancy)")
+    if args.quick:
+        return 0
+
+    from gpudiag import workloads
+    from gpudiag.experiment.compare import compare
+    from gpudiag.profiling import profile
+
+    _section("Profile one training step of the demo GPT (fp32, hand-written attention)")
+    gpt = workloads.get("gpt", seq_len=512)
+    model, batch, loss_fn = gpt.model, gpt.make_batch(), gpt.loss_fn()
+    optimizer = gpt.optimizer_factory(model.parameters()) if gpt.optimizer_factory else None
+
+    def train_step() -> None:
+        loss_fn(model, batch).backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    print(profile(train_step, steps=2, warmup=1))
+
+    _section("Before/after on the demo GPT: bf16 autocast and SDPA attention")
+    comparison = compare(
+        workloads.get("gpt"),
+        fixes=["precision.bf16", "attention.backend=flash"],
+        system=system,
+        time_budget_s=args.budget,
+        progress=False,
+    )
+    print(comparison)
+    print("\nRecipe of what helped:\n")
+    print(comparison.recipe().to_python())
     return 0
