@@ -1,0 +1,37 @@
+"""The troubleshooting notebooks run top to bottom in a real kernel (as a user would)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks() -> None:
+    assert len(NOTEBOOKS) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    errors = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "error"
+    ]
+    assert errors == []
+    # every code cell produced something a reader can see
+    assert all(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
