@@ -653,7 +653,7 @@ def build_feed(
         try:
             from gpudiag.probe.backend import default_backend
 
-            backend = default_backend()
+            backend = default_backend(light=True)
         except ImportError as exc:  # the NVML layer is optional at this level
             backend = NullBackend(f"no NVIDIA GPU: NVML backend unavailable ({exc})")
     count = backend.gpu_count()

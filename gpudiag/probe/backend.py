@@ -70,8 +70,12 @@ class NullBackend:
         return None
 
 
-def default_backend(session: NvmlSession | None = None) -> Backend:
-    """The live NVML backend when NVML answers, else a NullBackend saying why not."""
+def default_backend(session: NvmlSession | None = None, *, light: bool = False) -> Backend:
+    """The live NVML backend when NVML answers, else a NullBackend saying why not.
+
+    ``light`` makes ``sample()`` skip the slow calls (PCIe throughput, processes, ECC) for
+    high-rate sampling.
+    """
     from gpudiag.probe.nvml import NvmlSession
     from gpudiag.probe.nvml_backend import NvmlBackend
 
@@ -81,7 +85,7 @@ def default_backend(session: NvmlSession | None = None) -> Backend:
         return NullBackend(f"no NVIDIA GPU: {count.reason}", count.status)
     if count.value == 0:
         return NullBackend("no NVIDIA GPU: the driver sees 0 devices", Status.NOT_FOUND)
-    return NvmlBackend(session)
+    return NvmlBackend(session, light=light)
 
 
 __all__ = ["Backend", "NullBackend", "default_backend", "ok"]

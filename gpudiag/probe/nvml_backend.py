@@ -70,10 +70,19 @@ class NvmlBackend:
     is_recording = False
     label = "NVML"
 
-    def __init__(self, session: NvmlSession | None = None, *, pcie_throughput: bool = True) -> None:
+    def __init__(
+        self,
+        session: NvmlSession | None = None,
+        *,
+        pcie_throughput: bool = True,
+        light: bool = False,
+    ) -> None:
         self.session = session or NvmlSession.shared()
-        # nvmlDeviceGetPcieThroughput samples over ~20 ms per call: a fast monitor may skip it.
-        self.pcie_throughput = pcie_throughput
+        # nvmlDeviceGetPcieThroughput blocks ~20 ms per call and GPU: a 10 Hz monitor of an
+        # 8-GPU node cannot afford it. ``light`` also skips the slow-changing health fields
+        # (processes, ECC, retired pages), which a one-off report still reads.
+        self.pcie_throughput = pcie_throughput and not light
+        self.light = light
         self._infos: tuple[GpuInfo, ...] | None = None
         self._handles: dict[int, Reading[Any]] = {}
 
@@ -238,6 +247,7 @@ class NvmlBackend:
             util = s.call("nvmlDeviceGetUtilizationRates", h)
             gpu_util = _map(util, lambda u: float(u.gpu))
             mem_util = _map(util, lambda u: float(u.memory))
+        skipped = na(Status.NOT_AVAILABLE, "not sampled in light mode (read by gd.inspect)", "nvml")
         reasons = s.call("nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons.status is Status.DRIVER_TOO_OLD:
             reasons = s.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
@@ -265,14 +275,16 @@ class NvmlBackend:
             nvlink_tx_bytes=self._nvlink_bytes(
                 h, info, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138
             ),
-            ecc_uncorrected_volatile=s.call(
+            ecc_uncorrected_volatile=skipped
+            if self.light
+            else s.call(
                 "nvmlDeviceGetTotalEccErrors",
                 h,
                 s.const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                 s.const("NVML_VOLATILE_ECC", 0),
             ),
-            retired_pages=self._retired_pages(h),
-            processes=self._processes(h),
+            retired_pages=skipped if self.light else self._retired_pages(h),
+            processes=skipped if self.light else self._processes(h),
         )
 
     def _pcie(self, h: Any, const: str, default: int) -> Reading[float]:

@@ -184,3 +184,14 @@ def test_import_error_inside_bindings_is_reported() -> None:
     count = NvmlSession(importer=importer).device_count()
     assert count.status is Status.UNKNOWN
     assert FIX_BINDINGS in count.reason
+
+
+def test_light_mode_skips_the_slow_calls() -> None:
+    fake = FakeNvml(T4)
+    state = NvmlBackend(NvmlSession(fake), light=True).sample()[0]
+    assert "nvmlDeviceGetPcieThroughput" not in fake.calls
+    assert "nvmlDeviceGetComputeRunningProcesses" not in fake.calls
+    assert state.processes.status is Status.NOT_AVAILABLE
+    assert "light mode" in state.processes.reason
+    assert state.power_w.ok
+    assert state.gpu_util_pct.ok
