@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.machines import FakeClock, cpu_system
+
 REPO = Path(__file__).resolve().parents[1]
 # Recorded real-GPU data (nvidia-smi XML, traces, topology, ...) sits beside the repository.
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -31,3 +33,18 @@ def ipython_shell():  # type: ignore[no-untyped-def]
     shell = get_ipython() or InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpudiag")
     return shell
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_cpu_system() -> object:
+    return cpu_system
+
+
+@pytest.fixture
+def bf16_cpu() -> object:
+    return cpu_system("avx2", "avx512f", "avx512_bf16")

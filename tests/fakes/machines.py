@@ -1,8 +1,6 @@
-"""Fakes for comparison tests: a fake clock and a hand-built machine report."""
+"""Test doubles for comparisons: a fake clock and a hand-built GPU-less machine report."""
 
 from __future__ import annotations
-
-import pytest
 
 from gpudiag.probe.model import DriverInfo, HostInfo, TorchInfo
 from gpudiag.probe.readings import ok
@@ -34,18 +32,3 @@ def cpu_system(*flags: str) -> SystemReport:
         torch=TorchInfo(version=ok("2.13.0+cpu"), cuda_available=ok(False)),
     )
     return SystemReport(host=host, gpus=(), driver=DriverInfo(), gpu_count=ok(0))
-
-
-@pytest.fixture
-def fake_clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def make_cpu_system() -> object:
-    return cpu_system
-
-
-@pytest.fixture
-def bf16_cpu() -> SystemReport:
-    return cpu_system("avx2", "avx512f", "avx512_bf16")
