@@ -37,6 +37,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("gpudiag.experiment.compare", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
     "Recipe": ("gpudiag.recipe", "Recipe"),
+    "diagnose": ("gpudiag.rules", "diagnose"),
+    "Diagnosis": ("gpudiag.rules", "Diagnosis"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -93,3 +95,5 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.probe.system import inspect as inspect
     from gpudiag.profiling import profile as profile
     from gpudiag.recipe import Recipe as Recipe
+    from gpudiag.rules import Diagnosis as Diagnosis
+    from gpudiag.rules import diagnose as diagnose

@@ -1,0 +1,145 @@
+"""Diagnose: gather evidence (system, trace, workload, code), run the rules, rank the findings.
+
+``gd.diagnose()`` inspects the machine; with a workload it profiles a few of its steps and
+reads its model's source; with a trace it analyses it. Rules whose evidence is missing are
+listed as "not evaluated", never passed silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect as _inspect
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpudiag.errors import GpuDiagError
+from gpudiag.rules.engine import (
+    REGISTRY,
+    Diagnosis,
+    EvidenceBundle,
+    Rule,
+    load_rules,
+    rule,
+    run_rules,
+)
+from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+__all__ = [
+    "REGISTRY",
+    "Diagnosis",
+    "Evidence",
+    "EvidenceBundle",
+    "Finding",
+    "FixRef",
+    "NotEvaluated",
+    "Rule",
+    "Severity",
+    "diagnose",
+    "load_rules",
+    "rule",
+    "run_rules",
+]
+
+
+def diagnose(
+    workload: Any = None,
+    trace: Any = None,
+    system: Any = None,
+    samples: Any = None,
+    code: str | None = None,
+    *,
+    steps: int = 3,
+    env: Mapping[str, str] | None = None,
+) -> Diagnosis:
+    """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
+
+    ``workload``: a ``gd.Workload`` or a demo name (``"gpt"``, ``"mlp"``, ...); without a
+    ``trace`` it is profiled for ``steps`` steps (on a copy of its model when gpudiag owns the
+    step; a ``Workload.from_step`` function is called as it is), and its model's module source
+    is scanned when no ``code`` is given. ``trace``: a ``TraceReport`` or a trace file path.
+    ``system``: a ``SystemReport`` (default: ``gd.inspect()``, which never raises).
+    ``samples``: monitor samples. ``code``: source text to scan for API misuse.
+    """
+    if isinstance(workload, str):
+        from gpudiag.workloads import get
+
+        workload = get(workload)
+    if system is None:
+        from gpudiag.probe.system import inspect
+
+        system = inspect()
+    if isinstance(trace, (str, os.PathLike)):
+        from gpudiag.analysis.trace import analyze_trace
+
+        trace = analyze_trace(trace)
+    if trace is None and workload is not None:
+        trace = profile_workload(workload, steps=steps)
+    if code is None and workload is not None:
+        code = workload_source(workload)
+    evidence = EvidenceBundle(
+        system=system,
+        trace=trace,
+        samples=samples,
+        workload=workload,
+        code=code,
+        env=dict(os.environ if env is None else env),
+    )
+    return run_rules(evidence)
+
+
+def _step_function(workload: Any) -> Callable[[], Any]:
+    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy."""
+    if not workload.owns_step:
+        step_fn: Callable[[], Any] = workload.step_fn
+        return step_fn
+    from gpudiag.experiment.workload import Workload
+
+    model = copy.deepcopy(workload.model)
+    trial = copy.copy(workload)
+    if not isinstance(trial, Workload):
+        raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
+    trial.model = model
+    optimizer = trial.optimizer_factory(model.parameters()) if trial.optimizer_factory else None
+    batches = trial.batches()
+    loss_fn = trial.loss_fn()
+
+    def step() -> Any:
+        batch = next(batches)
+        loss = loss_fn(model, batch)
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    step.__name__ = f"diagnose_{trial.name}"
+    return step
+
+
+def profile_workload(workload: Any, steps: int = 3, trace_dir: str | None = None) -> Any:
+    """A short ``gd.profile`` of the workload's step (one warm-up step, then ``steps``)."""
+    import tempfile
+
+    from gpudiag.profiling import profile
+
+    step = _step_function(workload)
+    if trace_dir is not None:
+        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir)
+    with tempfile.TemporaryDirectory(prefix="gpudiag-diagnose-") as tmp:
+        return profile(step, steps=steps, warmup=1, trace_dir=tmp)
+
+
+def workload_source(workload: Any) -> str | None:
+    """The source of the module that defines the workload's model (or step), when readable."""
+    target = getattr(workload, "model", None)
+    obj: Any = type(target) if target is not None else getattr(workload, "step_fn", None)
+    if obj is None:
+        return None
+    module = _inspect.getmodule(obj)
+    try:
+        return _inspect.getsource(module) if module is not None else None
+    except (OSError, TypeError):
+        return None

@@ -1,0 +1,242 @@
+"""Runs the rules over the evidence at hand and ranks what they find."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import card, esc, jsonable
+from gpudiag.rules.finding import Finding, NotEvaluated, Severity
+
+# One module per family of rules; each registers its rules with @rule on import.
+FAMILIES: tuple[str, ...] = (
+    "hardware",
+    "environment",
+    "input_pipeline",
+    "precision",
+    "launch",
+    "sync",
+    "memcpy",
+    "communication",
+    "occupancy",
+    "attention",
+    "steps",
+    "utilization",
+    "code",
+)
+
+# What each kind of evidence is, in words (for "not evaluated: missing ...").
+NEEDS: dict[str, str] = {
+    "system": "a system report (gd.inspect())",
+    "gpu": "an NVIDIA GPU (live or recorded)",
+    "trace": "a profiler trace (gd.profile / gd.analyze_trace)",
+    "gpu_trace": "a profiler trace with GPU kernels",
+    "samples": "monitor samples (gd.monitor)",
+    "code": "the workload's source code",
+    "runtime": "the process's torch settings",
+    "workload": "a workload (gd.Workload or a demo name)",
+}
+
+
+@dataclass(frozen=True)
+class EvidenceBundle:
+    """Everything the rules may look at; any part may be missing."""
+
+    system: Any = None  # gpudiag.probe.system.SystemReport
+    trace: Any = None  # gpudiag.analysis.trace.TraceReport
+    samples: Any = None  # monitor samples
+    workload: Any = None  # gd.Workload
+    code: str | None = None  # source text to scan for API misuse
+    runtime: Mapping[str, Any] | None = None  # torch switches of this process
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    def has(self, need: str) -> bool:
+        if need == "gpu":
+            return self.system is not None and bool(self.system.gpus)
+        if need == "gpu_trace":
+            return self.trace is not None and bool(getattr(self.trace, "has_gpu_events", False))
+        return getattr(self, need) is not None
+
+
+# A rule yields findings, or NotEvaluated when its evidence exists but cannot tell.
+RuleFn = Callable[[EvidenceBundle], Iterable[Finding | NotEvaluated]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    category: str
+    needs: tuple[str, ...]
+    fn: RuleFn
+    summary: str
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, *, category: str, needs: tuple[str, ...]) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule; its docstring's first line is its summary."""
+
+    def register(fn: RuleFn) -> RuleFn:
+        summary = (fn.__doc__ or rule_id).strip().splitlines()[0]
+        REGISTRY[rule_id] = Rule(rule_id, category, needs, fn, summary)
+        return fn
+
+    return register
+
+
+def load_rules() -> dict[str, Rule]:
+    for family in FAMILIES:
+        importlib.import_module(f"gpudiag.rules.{family}")
+    return REGISTRY
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Findings ranked by estimated gain (then severity), and the rules that could not run."""
+
+    findings: tuple[Finding, ...]
+    not_evaluated: tuple[NotEvaluated, ...]
+    evaluated: tuple[str, ...]
+    sources: tuple[str, ...] = ()
+    # The workload the evidence came from, so a fix can be tried on it (``try_fix``).
+    workload: Any = field(default=None, repr=False, compare=False)
+    system: Any = field(default=None, repr=False, compare=False)
+
+    def recommended(self) -> list[Any]:
+        """The ``gd.Fix`` objects worth trying, best first (one per fix id)."""
+        fixes, seen = [], set()
+        for f in self.findings:
+            if f.fix is not None and f.severity is not Severity.INFO and f.fix.id not in seen:
+                seen.add(f.fix.id)
+                fixes.append(f.fix.to_fix())
+        return fixes
+
+    def try_fix(self, which: int | str | Any = 0, **compare_options: Any) -> Any:
+        """Try a recommended fix on the diagnosed workload with ``gd.compare`` (the notebook
+        spelling of "Try it"): ``which`` is an index into ``recommended()``, a fix id, or a
+        ``gd.Fix``. ``compare_options`` go to ``gd.compare`` (``time_budget_s=``, ...)."""
+        from gpudiag.errors import GpuDiagError
+
+        if self.workload is None:
+            raise GpuDiagError(
+                "this diagnosis has no workload to try a fix on: run "
+                "gd.diagnose(workload=...) (or gd.compare(workload, fixes=[...]) directly)"
+            )
+        fixes = self.recommended()
+        if isinstance(which, int):
+            if not 0 <= which < len(fixes):
+                raise GpuDiagError(
+                    f"no recommended fix number {which}: this diagnosis recommends "
+                    f"{len(fixes)} ({', '.join(f.id for f in fixes) or 'none'})"
+                )
+            fix = fixes[which]
+        elif isinstance(which, str):
+            found = [f for f in fixes if f.id == which]
+            if not found:
+                from gpudiag.fixes import Fix
+
+                found = [Fix.parse(which)]
+            fix = found[0]
+        else:
+            fix = which
+        from gpudiag.experiment.compare import compare
+
+        return compare(self.workload, fixes=[fix], system=self.system, **compare_options)
+
+    def by_severity(self, severity: Severity | str) -> list[Finding]:
+        sev = Severity(severity)
+        return [f for f in self.findings if f.severity is sev]
+
+    def ids(self) -> list[str]:
+        return [f.id for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "not_evaluated": [jsonable(n) for n in self.not_evaluated],
+            "evaluated": list(self.evaluated),
+            "sources": list(self.sources),
+        }
+
+    def lines(self) -> list[str]:
+        out = [
+            f"gpudiag diagnose: {len(self.findings)} findings "
+            f"({', '.join(self.sources) or 'no evidence'})"
+        ]
+        for f in self.findings:
+            out += f.lines()
+        if not self.findings:
+            out.append("no findings from the rules that could run")
+        out += [f"  {n}" for n in self.not_evaluated]
+        return out
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        body = "".join(f.html() for f in self.findings) or "<p>No findings.</p>"
+        if self.not_evaluated:
+            items = "".join(f"<li>{esc(n)}</li>" for n in self.not_evaluated)
+            body += (
+                f"<details><summary>{len(self.not_evaluated)} rules not evaluated</summary>"
+                f"<ul>{items}</ul></details>"
+            )
+        return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))
+
+
+# A finding without a gain estimate ranks as if it saved this share of the run.
+_DEFAULT_GAIN = {Severity.HIGH: 0.20, Severity.MEDIUM: 0.08, Severity.LOW: 0.02, Severity.INFO: 0.0}
+
+
+def _rank_key(f: Finding) -> tuple[float, int]:
+    gain = f.estimated_gain if f.estimated_gain is not None else _DEFAULT_GAIN[f.severity]
+    return (-gain, -f.severity.rank)
+
+
+def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) -> Diagnosis:
+    rules = load_rules()
+    wanted = set(only) if only is not None else None
+    findings: list[Finding] = []
+    skipped: list[NotEvaluated] = []
+    evaluated: list[str] = []
+    for r in rules.values():
+        if wanted is not None and r.id not in wanted:
+            continue
+        missing = [NEEDS.get(n, n) for n in r.needs if not evidence.has(n)]
+        if missing:
+            skipped.append(NotEvaluated(r.id, ", ".join(missing)))
+            continue
+        evaluated.append(r.id)
+        for f in r.fn(evidence):
+            if isinstance(f, NotEvaluated):
+                skipped.append(f)
+            else:
+                findings.append(f if f.rule else _with_rule(f, r.id))
+    findings.sort(key=_rank_key)
+    sources = []
+    if evidence.system is not None:
+        sources.append("recording" if evidence.system.is_recording else "live system")
+    if evidence.trace is not None:
+        sources.append("trace")
+    if evidence.samples is not None:
+        sources.append("monitor samples")
+    if evidence.code is not None:
+        sources.append("source code")
+    return Diagnosis(
+        tuple(findings),
+        tuple(skipped),
+        tuple(evaluated),
+        tuple(sources),
+        workload=evidence.workload,
+        system=evidence.system,
+    )
+
+
+def _with_rule(f: Finding, rule_id: str) -> Finding:
+    import dataclasses
+
+    return dataclasses.replace(f, rule=rule_id)

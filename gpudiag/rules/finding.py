@@ -1,0 +1,136 @@
+"""A finding shaped like a DCGM diagnostic: id, severity, category, evidence, message, next step."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import esc, jsonable
+
+
+class Severity(str, enum.Enum):
+    HIGH = "high"  # costs a large share of the run, or a fault
+    MEDIUM = "medium"
+    LOW = "low"
+    INFO = "info"  # worth knowing, nothing to change
+
+    @property
+    def rank(self) -> int:
+        return {"high": 3, "medium": 2, "low": 1, "info": 0}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One number behind a finding, with its unit and where it came from."""
+
+    name: str
+    value: Any
+    unit: str = ""
+    source: str = ""  # "nvml", "nvidia-smi xml", "trace: rank0.json", "environment", ...
+
+    def __str__(self) -> str:
+        value = f"{self.value:.3g}" if isinstance(self.value, float) else str(self.value)
+        unit = f" {self.unit}" if self.unit else ""
+        source = f" [{self.source}]" if self.source else ""
+        return f"{self.name} = {value}{unit}{source}"
+
+
+@dataclass(frozen=True, slots=True)
+class FixRef:
+    """A fix to try: a DESIGN.md fix id and its parameters (built into ``gd.Fix`` on demand)."""
+
+    id: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_fix(self) -> Any:
+        from gpudiag.fixes import Fix
+
+        return Fix(self.id, **dict(self.params))
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{self.id}({args})" if args else self.id
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a rule found. ``fix`` can be tried live; ``instruction`` is what to do otherwise."""
+
+    id: str  # stable: "precision.fp32_on_tensor_cores", "hw.pcie_link_degraded", ...
+    severity: Severity
+    category: str  # "precision", "hardware", "input pipeline", ...
+    message: str  # one line
+    evidence: tuple[Evidence, ...] = ()
+    threshold: str = ""  # the rule's trigger, in words: "DataLoader > 5 % of step time"
+    fix: FixRef | None = None
+    instruction: str = ""
+    estimated_gain: float | None = None  # fraction of step time the fix could save, when known
+    rule: str = ""
+
+    @property
+    def next_step(self) -> str:
+        if self.fix is not None:
+            return f"try {self.fix}" + (f": {self.instruction}" if self.instruction else "")
+        return self.instruction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "category": self.category,
+            "message": self.message,
+            "evidence": [jsonable(e) for e in self.evidence],
+            "threshold": self.threshold,
+            "fix": None
+            if self.fix is None
+            else {"id": self.fix.id, "params": jsonable(self.fix.params)},
+            "instruction": self.instruction,
+            "estimated_gain": self.estimated_gain,
+            "rule": self.rule,
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"[{self.severity.value.upper()}] {self.id}: {self.message}"]
+        out += [f"    evidence: {e}" for e in self.evidence]
+        if self.threshold:
+            out.append(f"    rule: {self.threshold}")
+        if self.estimated_gain:
+            out.append(f"    gain: up to {self.estimated_gain:.0%} of the run (estimate)")
+        if self.next_step:
+            out.append(f"    next: {self.next_step}")
+        return out
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def html(self) -> str:
+        colour = {"high": "#c62828", "medium": "#ef6c00", "low": "#1565c0", "info": "#607d8b"}
+        evidence = "".join(f"<li>{esc(e)}</li>" for e in self.evidence)
+        return (
+            f"<div class='gpudiag-finding' data-id='{esc(self.id)}'>"
+            f"<b style='color:{colour[self.severity.value]}'>"
+            f"{esc(self.severity.value.upper())}</b> "
+            f"<code>{esc(self.id)}</code>: {esc(self.message)}"
+            f"<ul style='margin:2px 0'>{evidence}</ul>"
+            + (f"<div>rule: {esc(self.threshold)}</div>" if self.threshold else "")
+            + (
+                f"<div>gain: up to {self.estimated_gain:.0%} of the run (estimate)</div>"
+                if self.estimated_gain
+                else ""
+            )
+            + (f"<div>next: {esc(self.next_step)}</div>" if self.next_step else "")
+            + "</div>"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NotEvaluated:
+    """A rule that could not run, and which evidence it lacked: never a silent pass."""
+
+    rule: str
+    missing: str
+
+    def __str__(self) -> str:
+        return f"not evaluated: {self.rule} (missing {self.missing})"

@@ -1,0 +1,350 @@
+"""Hardware health and configuration rules: lost GPUs, PCIe links, throttling, ECC, MIG, memory.
+
+Every rule reads only the system report (``gd.inspect()``, live or recorded) and is gated on
+what that report can tell: a reading that is N/A makes no finding, and an idle GPU is not
+blamed for the power saving it is supposed to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from gpudiag.probe.model import Gpu
+from gpudiag.probe.readings import Reading, Status
+from gpudiag.rules._facts import gib, gpu_label, is_busy, memory_used_fraction, source_of
+from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+
+CATEGORY = "hardware"
+
+# Clock-event reasons (NVML ``nvmlClocksEventReasons``) that mean the GPU is protecting itself
+# from heat or a power excursion: clocks drop whatever the workload does.
+_PROTECTIVE = {
+    "hw_slowdown": "hardware slowdown (thermal or power brake asserted)",
+    "sw_thermal_slowdown": "software thermal slowdown (GPU or memory over its target temperature)",
+    "hw_thermal_slowdown": "hardware thermal slowdown (GPU over its shutdown-protect temperature)",
+    "hw_power_brake_slowdown": "external power brake (the board or PSU asked to cut power)",
+}
+
+_LOST_NEXT = "check `dmesg` for Xid 79 / 48; reset the GPU (`nvidia-smi -r`) or reboot"
+
+MEMORY_FULL = 0.90  # torch-tb-profiler's "memory > 90 %" recommendation
+
+
+def _gpus(evidence: EvidenceBundle) -> tuple[Gpu, ...]:
+    return tuple(evidence.system.gpus) if evidence.system is not None else ()
+
+
+def _lost_fields(obj: Any) -> list[str]:
+    names = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Reading) and value.status is Status.GPU_LOST:
+            names.append(f.name)
+    return names
+
+
+@rule("hw.gpu_lost", category=CATEGORY, needs=("system",))
+def gpu_lost(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """A GPU fell off the bus or needs a reset (NVML reports it lost)."""
+    system = evidence.system
+    if system.gpu_count.status is Status.GPU_LOST:
+        yield Finding(
+            "hw.gpu_lost",
+            Severity.HIGH,
+            CATEGORY,
+            "a GPU is lost: the driver cannot count the devices",
+            (Evidence("gpu_count", system.gpu_count.reason, source=source_of(system.gpu_count)),),
+            threshold="any NVML reading with status GPU_LOST",
+            instruction=_LOST_NEXT,
+        )
+        return
+    for gpu in _gpus(evidence):
+        lost = _lost_fields(gpu.info) + _lost_fields(gpu.state)
+        if lost:
+            yield Finding(
+                "hw.gpu_lost",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)} is lost: NVML cannot read it",
+                tuple(Evidence(name, "GPU_LOST", source="nvml") for name in lost[:5]),
+                threshold="any NVML reading with status GPU_LOST",
+                instruction=_LOST_NEXT,
+            )
+
+
+@rule("hw.pcie_link", category=CATEGORY, needs=("gpu",))
+def pcie_link(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """PCIe link narrower than the card's maximum, or (while busy) a lower generation."""
+    for gpu in _gpus(evidence):
+        link = gpu.info.pcie
+        width, width_max = link.width_current.get(), link.width_max.get()
+        src = source_of(link.width_current)
+        if width is not None and width_max is not None and width < width_max:
+            yield Finding(
+                "hw.pcie_width_degraded",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} PCIe link runs at x{width} of x{width_max}: "
+                f"host<->GPU copies get {width / width_max:.0%} of the link's bandwidth",
+                (
+                    Evidence("pcie.link.width.current", width, "lanes", src),
+                    Evidence("pcie.link.width.max", width_max, "lanes", src),
+                ),
+                threshold="current PCIe link width < maximum width",
+                instruction="seat the card in a full-width slot, or check the BIOS lane "
+                "bifurcation / riser; this matters when the job copies data every step",
+            )
+        gen, gen_max = link.gen_current.get(), link.gen_max.get()
+        if gen is None or gen_max is None or gen >= gen_max:
+            continue
+        evidence_gen = (
+            Evidence("pcie.link.gen.current", gen, source=source_of(link.gen_current)),
+            Evidence("pcie.link.gen.max", gen_max, source=source_of(link.gen_max)),
+            Evidence(
+                "utilization.gpu",
+                gpu.state.gpu_util_pct.get(),
+                "%",
+                source_of(gpu.state.gpu_util_pct),
+            ),
+        )
+        busy = is_busy(gpu)
+        if busy:
+            yield Finding(
+                "hw.pcie_gen_degraded",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} PCIe link runs at gen {gen} of {gen_max} while the GPU is busy",
+                evidence_gen,
+                threshold="current PCIe generation < maximum while utilization >= 10 %",
+                instruction="check the slot, riser and BIOS PCIe speed setting",
+            )
+        else:
+            yield Finding(
+                "hw.pcie_gen_idle_downclock",
+                Severity.INFO,
+                CATEGORY,
+                f"{gpu_label(gpu)} PCIe link at gen {gen} of {gen_max} while idle: normal power "
+                "saving; re-check under load",
+                evidence_gen,
+                threshold="current PCIe generation < maximum while utilization < 10 % (or N/A)",
+                instruction="run `gpudiag inspect` while the job runs: the link should be at "
+                f"gen {gen_max}",
+            )
+
+
+@rule("hw.clock_events", category=CATEGORY, needs=("gpu",))
+def clock_events(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Clocks held down by thermal, hardware or power-cap events."""
+    for gpu in _gpus(evidence):
+        reasons = gpu.state.clock_event_reasons
+        active = tuple(reasons.get(()) or ())
+        src = source_of(reasons)
+        protective = [r for r in active if r in _PROTECTIVE]
+        if protective:
+            yield Finding(
+                "hw.thermal_or_power_slowdown",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)} clocks are held down: "
+                + "; ".join(_PROTECTIVE[r] for r in protective),
+                (
+                    Evidence("clocks_event_reasons", ", ".join(active), source=src),
+                    Evidence(
+                        "temperature.gpu",
+                        gpu.state.temperature_c.get(),
+                        "C",
+                        source_of(gpu.state.temperature_c),
+                    ),
+                    Evidence(
+                        "power.draw", gpu.state.power_w.get(), "W", source_of(gpu.state.power_w)
+                    ),
+                ),
+                threshold="clock-event reason hw_slowdown, sw/hw_thermal_slowdown or power brake",
+                instruction="check cooling (fans, airflow, dust) and the power supply; "
+                "`nvidia-smi -q -d PERFORMANCE` shows the reasons live",
+            )
+        if "sw_power_cap" not in active:
+            continue
+        power = Evidence("power.draw", gpu.state.power_w.get(), "W", source_of(gpu.state.power_w))
+        limit = Evidence(
+            "power.limit", gpu.info.power_limit_w.get(), "W", source_of(gpu.info.power_limit_w)
+        )
+        util = Evidence(
+            "utilization.gpu", gpu.state.gpu_util_pct.get(), "%", source_of(gpu.state.gpu_util_pct)
+        )
+        if is_busy(gpu):
+            yield Finding(
+                "hw.power_capped",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} is at its power limit: clocks drop to stay under it",
+                (Evidence("clocks_event_reasons", "sw_power_cap", source=src), power, limit, util),
+                threshold="sw_power_cap active while utilization >= 10 %",
+                instruction="expected for heavy kernels on a power-limited board; if the limit "
+                "was lowered, restore it (`nvidia-smi -q -d POWER`, `nvidia-smi -pl`)",
+            )
+        else:
+            yield Finding(
+                "hw.power_capped_idle",
+                Severity.INFO,
+                CATEGORY,
+                f"{gpu_label(gpu)} reports sw_power_cap while idle: harmless, re-check under load",
+                (Evidence("clocks_event_reasons", "sw_power_cap", source=src), power, limit, util),
+                threshold="sw_power_cap active while utilization < 10 % (or N/A)",
+            )
+
+
+@rule("hw.nvlink", category=CATEGORY, needs=("gpu",))
+def nvlink_down(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """NVLink links that exist but are down (traffic falls back to PCIe)."""
+    for gpu in _gpus(evidence):
+        links = gpu.info.nvlinks
+        down = [link.link for link in links if link.active.ok and link.active.get() is False]
+        up = [link.link for link in links if link.active.get() is True]
+        if down and up:
+            yield Finding(
+                "hw.nvlink_down",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)}: NVLink link(s) {', '.join(map(str, down))} down, "
+                f"{len(up)} up: peer and collective bandwidth is reduced",
+                (
+                    Evidence("nvlink links down", len(down), source="nvml"),
+                    Evidence("nvlink links up", len(up), source="nvml"),
+                ),
+                threshold="an NVLink link is inactive while others on the GPU are active",
+                instruction="`nvidia-smi nvlink --status`; reseat the bridge or service the node",
+            )
+        elif down:
+            yield Finding(
+                "hw.nvlink_down",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)}: all {len(down)} NVLink links are down (no bridge, or a fault)",
+                (Evidence("nvlink links down", len(down), source="nvml"),),
+                threshold="every NVLink link of the GPU is inactive",
+                instruction="`nvidia-smi nvlink --status`; if the system should have NVLink, "
+                "check the bridge / fabric manager (`nvidia-fabricmanager`)",
+            )
+
+
+@rule("hw.ecc", category=CATEGORY, needs=("gpu",))
+def ecc_errors(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Uncorrected ECC errors since boot, or retired memory pages."""
+    for gpu in _gpus(evidence):
+        uncorrected = gpu.state.ecc_uncorrected_volatile.get()
+        retired = gpu.state.retired_pages.get()
+        if uncorrected:
+            yield Finding(
+                "hw.ecc_uncorrected",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)} had {uncorrected} uncorrected ECC errors since driver load",
+                (
+                    Evidence(
+                        "ecc.errors.uncorrected.volatile.total",
+                        uncorrected,
+                        source=source_of(gpu.state.ecc_uncorrected_volatile),
+                    ),
+                ),
+                threshold="uncorrected volatile ECC errors > 0",
+                instruction="results computed on this GPU may be wrong: drain it, reset it, and "
+                "run `dcgmi diag -r 3`; replace it if errors recur",
+            )
+        if retired:
+            yield Finding(
+                "hw.retired_pages",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} has {retired} retired memory pages",
+                (Evidence("retired_pages", retired, source=source_of(gpu.state.retired_pages)),),
+                threshold="retired pages > 0",
+                instruction="`nvidia-smi -q -d PAGE_RETIREMENT`; a pending retirement needs a "
+                "reset; a growing count means the board should be replaced",
+            )
+
+
+@rule("hw.mig", category=CATEGORY, needs=("gpu",))
+def mig_enabled(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """MIG mode on: each process sees a slice of the GPU, and NVML has no utilization."""
+    for gpu in _gpus(evidence):
+        if gpu.info.mig_enabled.get() is not True:
+            continue
+        yield Finding(
+            "hw.mig_enabled",
+            Severity.INFO,
+            CATEGORY,
+            f"{gpu_label(gpu)} is in MIG mode with {len(gpu.info.mig_instances)} instances: "
+            "a job gets one slice's SMs and memory, and GPU utilization is N/A",
+            (
+                Evidence("mig.mode.current", "Enabled", source=source_of(gpu.info.mig_enabled)),
+                Evidence(
+                    "mig instances",
+                    len(gpu.info.mig_instances),
+                    source=source_of(gpu.info.mig_enabled),
+                ),
+            ),
+            threshold="MIG mode enabled",
+            instruction="compare against the slice's size, not the whole GPU; monitor with "
+            "DCGM profiling fields per instance",
+        )
+
+
+@rule("hw.persistence", category=CATEGORY, needs=("gpu",))
+def persistence_off(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Persistence mode off: the driver tears the GPU down between processes."""
+    for gpu in _gpus(evidence):
+        if gpu.info.persistence_mode.get() is not False:
+            continue
+        yield Finding(
+            "hw.persistence_off",
+            Severity.LOW,
+            CATEGORY,
+            f"{gpu_label(gpu)} has persistence mode off: each new process pays the driver's "
+            "start-up (seconds on large GPUs)",
+            (
+                Evidence(
+                    "persistence_mode", "Disabled", source=source_of(gpu.info.persistence_mode)
+                ),
+            ),
+            threshold="persistence mode disabled (Linux)",
+            instruction="run the `nvidia-persistenced` daemon (or `sudo nvidia-smi -pm 1`)",
+        )
+
+
+@rule("hw.memory_full", category=CATEGORY, needs=("gpu",))
+def memory_full(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """GPU memory more than 90 % used: close to out-of-memory, the allocator thrashes."""
+    for gpu in _gpus(evidence):
+        used = memory_used_fraction(gpu)
+        if used is None or used <= MEMORY_FULL:
+            continue
+        procs = gpu.state.processes.get(()) or ()
+        yield Finding(
+            "hw.memory_full",
+            Severity.MEDIUM,
+            "memory",
+            f"{gpu_label(gpu)} memory is {used:.0%} used: little headroom before out-of-memory",
+            (
+                Evidence(
+                    "memory.used",
+                    round(gib(gpu.state.memory_used_bytes.get(0)), 2),
+                    "GiB",
+                    source_of(gpu.state.memory_used_bytes),
+                ),
+                Evidence(
+                    "memory.total",
+                    round(gib(gpu.info.memory_total_bytes.get(0)), 2),
+                    "GiB",
+                    source_of(gpu.info.memory_total_bytes),
+                ),
+                Evidence("processes on the GPU", len(procs), source=source_of(gpu.state.processes)),
+            ),
+            threshold="memory used > 90 % of total",
+            fix=FixRef("activation.checkpointing"),
+            instruction="or a smaller micro-batch with gradient accumulation (batch.size); "
+            "if another process holds the memory, free it first",
+        )

@@ -1,0 +1,147 @@
+"""Precision rules: matmul/convolution time that could run on tensor cores but does not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gpudiag.rules._facts import span_us, trace_device, trace_source
+from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+CATEGORY = "precision"
+
+# Share of compute-kernel time in tensor-core-eligible operators (matmul, convolution) whose
+# kernels did not use tensor cores. torch-tb-profiler flags "eligible but 0 % tensor cores".
+ELIGIBLE_UNUSED = 0.02
+# Tensor cores run these kernels at least ~2x faster than fp32 CUDA cores (fp16/bf16 peak is
+# 8-16x the fp32 peak on V100/A100); half of their time is a conservative gain.
+_TENSOR_CORE_SAVING = 0.5
+
+
+def _fix_for(cc: tuple[int, int]) -> tuple[FixRef, str]:
+    from gpudiag.specs import features
+
+    feats = features(cc)
+    if feats.bf16:
+        return (
+            FixRef("precision.bf16"),
+            "bf16 autocast for the forward pass; or precision.tf32 (one line, keeps fp32 "
+            "weights and most of the accuracy) for matmuls and convolutions",
+        )
+    return (
+        FixRef("precision.fp16"),
+        f"cc {cc[0]}.{cc[1]} has fp16 tensor cores but no bf16/TF32: fp16 autocast with a "
+        "GradScaler",
+    )
+
+
+@rule("precision.tensor_cores", category=CATEGORY, needs=("gpu_trace",))
+def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """Tensor-core-eligible matmul/convolution time that ran on fp32 CUDA cores."""
+    trace = evidence.trace
+    cc, name = trace_device(evidence)
+    if cc is None:
+        yield NotEvaluated("precision.tensor_cores", "the GPU's compute capability")
+        return
+    if cc < (7, 0):
+        return  # no tensor cores: nothing to gain
+    uses = [r.tensor_cores for r in trace.ranks if r.tensor_cores is not None]
+    unused_us = [u.eligible_without_tensor_cores_us for u in uses]
+    if not uses or any(u is None for u in unused_us):
+        yield NotEvaluated(
+            "precision.tensor_cores", "kernels tied to their operators (External id in the trace)"
+        )
+        return
+    compute_us = sum(u.compute_us for u in uses)
+    unused = sum(u for u in unused_us if u is not None)
+    if compute_us <= 0:
+        return
+    unused_share = unused / compute_us
+    if unused_share < ELIGIBLE_UNUSED:
+        return
+    tc_share = trace.tensor_core_share or 0.0
+    ops = sorted(
+        (op for u in uses for op in u.eligible_ops if op.kernel_us > op.tensor_core_us),
+        key=lambda op: op.tensor_core_us - op.kernel_us,
+    )
+    src = trace_source(trace)
+    items = [
+        Evidence(
+            "eligible time off tensor cores", round(100 * unused_share, 1), "% of compute", src
+        ),
+        Evidence("tensor-core share of compute time", round(100 * tc_share, 1), "%", src),
+        Evidence("GPU", f"{name} (cc {cc[0]}.{cc[1]})", source=src),
+    ]
+    items += [
+        Evidence(
+            f"{op.name} off tensor cores",
+            round((op.kernel_us - op.tensor_core_us) / 1e3, 2),
+            "ms",
+            src,
+        )
+        for op in ops[:3]
+    ]
+    span = span_us(trace)
+    gain = unused * _TENSOR_CORE_SAVING / span if span else None
+    severity = (
+        Severity.HIGH
+        if unused_share >= 0.25
+        else Severity.MEDIUM
+        if unused_share >= 0.10
+        else Severity.LOW
+    )
+    fix, how = _fix_for(cc)
+    what = "no tensor cores at all" if tc_share < 0.01 else f"{tc_share:.0%} tensor-core time"
+    yield Finding(
+        "precision.fp32_on_tensor_cores",
+        severity,
+        CATEGORY,
+        f"{unused_share:.0%} of GPU compute time is fp32 matmul/convolution on a GPU with tensor "
+        f"cores ({what})",
+        tuple(items),
+        threshold=f"cc >= 7.0, eligible time off tensor cores >= {ELIGIBLE_UNUSED:.0%} of compute",
+        fix=fix,
+        instruction=how,
+        estimated_gain=gain,
+    )
+
+
+def _fp32_params(model: Any) -> bool:
+    import torch
+
+    params = list(model.parameters()) if model is not None else []
+    return bool(params) and all(p.dtype == torch.float32 for p in params)
+
+
+@rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
+def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """An fp32 workload on a CPU with hardware bf16 (AVX512-BF16 or AMX)."""
+    workload = evidence.workload
+    if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
+        return
+    host = evidence.system.host
+    if not host.cpu_bf16_fast:
+        return
+    from gpudiag.fixes import Fix
+
+    ok, _ = Fix("precision.bf16").supported(evidence.system, "cpu")
+    if not ok:
+        return
+    flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
+    yield Finding(
+        "precision.cpu_fp32_with_bf16",
+        Severity.MEDIUM,
+        CATEGORY,
+        "the workload trains in fp32 on a CPU with hardware bf16: bf16 autocast runs its "
+        "matmuls several times faster",
+        (
+            Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
+            Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
+            Evidence("parameter dtype", "float32", source="workload"),
+        ),
+        threshold="fp32 parameters on a CPU with AVX512-BF16 or AMX",
+        fix=FixRef("precision.bf16"),
+        instruction="torch.autocast('cpu', dtype=torch.bfloat16) around forward and loss "
+        "(skip this if the step already autocasts)",
+    )

@@ -1,0 +1,96 @@
+"""Synchronisation rules: the host waiting for the GPU inside the training step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gpudiag.rules._facts import trace_source
+from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+
+CATEGORY = "synchronisation"
+
+# What a user wrote, for each way a trace shows a host sync.
+_CAUSE = {
+    "aten::item": "`.item()` (or `float(t)`, `print(t)`)",
+    "aten::_local_scalar_dense": "`.item()` (or `float(t)`, `print(t)`)",
+    "aten::copy_": "a blocking copy to/from the host (`.to(device)`, `.cpu()`, `.numpy()`)",
+    "aten::to": "a blocking copy to/from the host (`.to(device)`, `.cpu()`)",
+    "aten::nonzero": "a data-dependent shape (`nonzero`, boolean-mask indexing)",
+    "aten::masked_select": "a data-dependent shape (boolean-mask indexing)",
+    "cudaDeviceSynchronize": "`torch.cuda.synchronize()`",
+    "cudaEventSynchronize": "`event.synchronize()` / timing with CUDA events",
+}
+
+
+def _outermost(syncs: list[Any]) -> list[Any]:
+    """Drop sync calls made inside another recorded sync (``.item()`` -> its stream sync),
+    so a wait is counted once."""
+    spans = sorted((s.start_us, s.start_us + s.duration_us) for s in syncs if s.kind == "op")
+    out = []
+    for s in syncs:
+        end = s.start_us + s.duration_us
+        inside = any(a <= s.start_us and end <= b and (a, b) != (s.start_us, end) for a, b in spans)
+        if not inside:
+            out.append(s)
+    return out
+
+
+@rule("sync.host_sync", category=CATEGORY, needs=("gpu_trace",))
+def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """The host waits for the GPU inside the step (``.item()``, blocking copies, synchronize)."""
+    trace = evidence.trace
+    syncs = trace.syncs()
+    if not syncs:
+        return
+    steps = {s.number: s.duration_us for s in trace.steps()}
+    in_step = [s for s in syncs if s.step is not None] if steps else list(syncs)
+    in_step = _outermost(in_step)
+    if not in_step:
+        return
+    window_us = sum(steps.values()) if steps else float(trace.time_breakdown().get("span_us") or 0)
+    # Group by call site and by the operator the wait happened in (the user-visible cause).
+    groups: dict[tuple[str | None, str], list[float]] = {}
+    for s in in_step:
+        groups.setdefault((s.call_site, s.inside_op or s.name), []).append(s.duration_us)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
+    wait_us = sum(s.duration_us for s in in_step)
+    share = wait_us / window_us if window_us > 0 else 0.0
+    (site, op), _durations = ranked[0]
+    cause = _CAUSE.get(op, f"`{op}`")
+    where = f" at {site}" if site else ""
+    n_steps = max(1, len(steps))
+    src = trace_source(trace)
+    items = [
+        Evidence("host waits in the step", round(wait_us / 1e3, 2), "ms", src),
+        Evidence("share of step time", round(100 * share, 2), "%", src),
+        Evidence("syncs per step", round(len(in_step) / n_steps, 1), source=src),
+    ]
+    items += [
+        Evidence(
+            f"{s or 'call site not recorded'}: {o}",
+            round(sum(d) / 1e3, 2),
+            f"ms in {len(d)} calls",
+            src,
+        )
+        for (s, o), d in ranked[:3]
+    ]
+    severity = (
+        Severity.HIGH if share >= 0.15 else Severity.MEDIUM if share >= 0.05 else Severity.LOW
+    )
+    yield Finding(
+        "sync.host_sync_in_step",
+        severity,
+        CATEGORY,
+        f"the host waits for the GPU {len(in_step) / n_steps:.0f}x per step, mostly in {cause}"
+        f"{where}: the GPU queue drains at each wait",
+        tuple(items),
+        threshold="a host synchronisation inside a profiled step (low < 5 % of step time <= "
+        "medium < 15 % <= high)",
+        fix=FixRef("sync.remove", {"call_site": site or op}),
+        instruction="keep values on the GPU (accumulate losses as tensors, log every N steps), "
+        "copy with non_blocking=True from pinned memory"
+        + ("" if site else "; profile with with_stack=True to name the call site"),
+        estimated_gain=share,
+    )

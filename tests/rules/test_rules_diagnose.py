@@ -1,0 +1,185 @@
+"""gd.diagnose end to end on the CPU, `gpudiag diagnose` and `%gpudiag doctor`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudiag.cli import main
+from gpudiag.rules import Diagnosis, Finding, Severity, diagnose
+from gpudiag.rules.engine import EvidenceBundle, run_rules
+from gpudiag.rules.finding import Evidence
+
+RESNET_W0 = "kineto-resnet50_num_workers_0-worker0.1623143089861.pt.trace.json.gz"
+
+
+def _resnet(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "traces" / RESNET_W0
+
+
+def _t4(fixtures_dir: Path) -> Any:
+    from gpudiag.probe.system import inspect
+
+    return inspect(replay=fixtures_dir / "nvidia-smi-xml" / "tesla-t4.xml")
+
+
+def test_diagnose_trace_path_with_recorded_system(fixtures_dir: Path) -> None:
+    diagnosis = diagnose(trace=str(_resnet(fixtures_dir)), system=_t4(fixtures_dir), env={})
+    assert isinstance(diagnosis, Diagnosis)
+    assert diagnosis.findings[0].id == "input.dataloader_bound"
+    assert "hw.pcie_width_degraded" in diagnosis.ids()
+    assert diagnosis.sources == ("recording", "trace")
+    json.dumps(diagnosis.to_dict())  # JSON-safe
+    gains = [f.estimated_gain or 0.0 for f in diagnosis.findings if f.estimated_gain is not None]
+    assert gains == sorted(gains, reverse=True)
+
+
+@pytest.mark.slow
+def test_input_bound_workload_top_finding_is_the_dataloader() -> None:
+    diagnosis = diagnose("input_bound", steps=2, env={})
+    assert diagnosis.findings[0].id == "input.dataloader_bound"
+    assert "trace" in diagnosis.sources
+    assert "source code" in diagnosis.sources
+
+
+@pytest.mark.slow
+def test_diagnose_profiles_a_copy_of_the_model() -> None:
+    import torch
+
+    from gpudiag.workloads import get
+
+    workload = get("mlp")
+    before = {k: v.clone() for k, v in workload.model.state_dict().items()}
+    diagnosis = diagnose(workload, steps=2, env={})
+    after = workload.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert Severity.HIGH not in {f.severity for f in diagnosis.findings}
+    # Without a GPU the GPU rules say why they did not run.
+    assert any("GPU" in n.missing for n in diagnosis.not_evaluated)
+
+
+def test_diagnosis_html_is_escaped() -> None:
+    finding = Finding(
+        "test.escape",
+        Severity.LOW,
+        "test",
+        "<script>alert(1)</script>",
+        (Evidence("x", "<b>", source="<src>"),),
+    )
+    html = Diagnosis((finding,), (), ()).__repr__(), Diagnosis((finding,), (), ())._repr_html_()
+    assert "<script>" not in html[1]
+    assert "&lt;script&gt;" in html[1]
+
+
+def test_recommended_skips_info_and_duplicates(fixtures_dir: Path) -> None:
+    from gpudiag.probe.system import inspect
+
+    system = inspect(replay=fixtures_dir / "nvidia-smi-xml" / "dual_a5000-v13.xml")
+    diagnosis = run_rules(EvidenceBundle(system=system, env={}))
+    fixes = [f.id for f in diagnosis.recommended()]
+    assert fixes == sorted(set(fixes), key=fixes.index)
+    assert "activation.checkpointing" in fixes
+
+
+def test_cli_diagnose_trace_json(fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    xml = fixtures_dir / "nvidia-smi-xml" / "3090-v13.xml"
+    code = main(["diagnose", "--trace", str(_resnet(fixtures_dir)), "--replay", str(xml), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    ids = [f["id"] for f in data["findings"]]
+    assert ids[0] == "input.dataloader_bound"
+    assert "hw.power_capped_idle" in ids
+    assert data["findings"][0]["fix"]["id"] == "dataloader.tuning"
+
+
+def test_cli_diagnose_text(fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    xml = fixtures_dir / "nvidia-smi-xml" / "tesla-t4.xml"
+    assert main(["diagnose", "--replay", str(xml)]) == 0
+    out = capsys.readouterr().out
+    assert "hw.pcie_width_degraded" in out
+    assert "not evaluated: input.dataloader" in out
+
+
+def test_cli_diagnose_bad_trace_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["diagnose", "--trace", str(tmp_path / "missing.json")]) == 1
+    assert "gpudiag: error:" in capsys.readouterr().err
+
+
+def test_doctor_magic_with_trace(ipython_shell: Any, fixtures_dir: Path) -> None:
+    result = ipython_shell.run_line_magic("gpudiag", f"doctor --trace {_resnet(fixtures_dir)}")
+    assert isinstance(result, Diagnosis)
+    assert result.findings[0].id == "input.dataloader_bound"
+
+
+def test_doctor_magic_unknown_workload(
+    ipython_shell: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ipython_shell.run_line_magic("gpudiag", "doctor --workload nothing_here") is None
+    assert "neither a gd.Workload" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sdpa_math_path_and_eager_attention_on_cpu() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from gpudiag.workloads import get
+
+    with sdpa_kernel(SDPBackend.MATH):
+        sdpa = diagnose(get("gpt", seq_len=1024, attn_implementation="sdpa"), steps=1, env={})
+    assert "attention.sdpa_math_fallback" in sdpa.ids()
+    # The module still holds the eager path, but the trace shows it did not run.
+    assert "code.manual_attention" not in sdpa.ids()
+    eager = diagnose(get("gpt", seq_len=256), steps=1, env={})
+    assert "code.manual_attention" in eager.ids()
+    assert "attention.sdpa_math_fallback" not in eager.ids()
+
+
+@pytest.mark.slow
+def test_cli_diagnose_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diagnose", "--workload", "input_bound", "--steps", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["findings"][0]["id"] == "input.dataloader_bound"
+    assert "trace" in data["sources"]
+
+
+@pytest.mark.slow
+def test_doctor_magic_profiles_the_demo_workload(ipython_shell: Any) -> None:
+    result = ipython_shell.run_line_magic("gpudiag", "doctor --steps 1")
+    assert isinstance(result, Diagnosis)
+    assert "trace" in result.sources
+    assert "source code" in result.sources
+
+
+def test_try_fix_needs_a_workload(fixtures_dir: Path) -> None:
+    from gpudiag.errors import GpuDiagError
+
+    diagnosis = diagnose(trace=_resnet(fixtures_dir), system=_t4(fixtures_dir), env={})
+    with pytest.raises(GpuDiagError, match="no workload"):
+        diagnosis.try_fix(0)
+
+
+@pytest.mark.slow
+def test_try_fix_runs_compare_on_the_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpudiag.experiment.compare
+    from gpudiag.errors import GpuDiagError
+
+    calls: list[tuple[Any, list[Any], dict[str, Any]]] = []
+
+    def fake_compare(workload: Any, fixes: list[Any], **options: Any) -> str:
+        calls.append((workload, fixes, options))
+        return "comparison"
+
+    diagnosis = diagnose("input_bound", steps=1, env={})
+    monkeypatch.setattr(gpudiag.experiment.compare, "compare", fake_compare)
+    assert diagnosis.try_fix(0, time_budget_s=5.0) == "comparison"
+    workload, fixes, options = calls[0]
+    assert workload is diagnosis.workload
+    assert [f.id for f in fixes] == [diagnosis.recommended()[0].id] == ["dataloader.tuning"]
+    assert options["time_budget_s"] == 5.0
+    with pytest.raises(GpuDiagError, match="no recommended fix number 9"):
+        diagnosis.try_fix(9)

@@ -1,0 +1,157 @@
+"""Hardware and environment rules on real nvidia-smi recordings (and edits of them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gpudiag.probe.model import Gpu, NvLink
+from gpudiag.probe.readings import Reading, Status, ok
+from gpudiag.probe.system import SystemReport, inspect
+from gpudiag.rules.engine import EvidenceBundle, run_rules
+from gpudiag.rules.finding import Severity
+
+
+def _report(fixtures_dir: Path, name: str) -> SystemReport:
+    return inspect(replay=fixtures_dir / "nvidia-smi-xml" / name)
+
+
+def _diagnose(system: SystemReport, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    found = run_rules(EvidenceBundle(system=system, env=env or {})).findings
+    return [(f.id, f.severity.value) for f in found]
+
+
+def _edit_gpu(
+    system: SystemReport, *, info: dict | None = None, state: dict | None = None
+) -> SystemReport:
+    gpu = system.gpus[0]
+    new = Gpu(
+        dataclasses.replace(gpu.info, **(info or {})),
+        dataclasses.replace(gpu.state, **(state or {})),
+    )
+    return dataclasses.replace(system, gpus=(new, *system.gpus[1:]))
+
+
+def test_idle_sw_power_cap_and_gen_downclock_are_info_only(fixtures_dir: Path) -> None:
+    found = _diagnose(_report(fixtures_dir, "3090-v13.xml"))
+    assert ("hw.power_capped_idle", "info") in found
+    assert ("hw.pcie_gen_idle_downclock", "info") in found
+    assert all(sev == "info" for _, sev in found)
+
+
+def test_sw_power_cap_while_busy_is_medium(fixtures_dir: Path) -> None:
+    system = _edit_gpu(_report(fixtures_dir, "3090-v13.xml"), state={"gpu_util_pct": ok(97.0)})
+    found = _diagnose(system)
+    assert ("hw.power_capped", "medium") in found
+    assert ("hw.pcie_gen_degraded", "medium") in found  # gen 1 of 4 under load is real
+    assert "hw.power_capped_idle" not in dict(found)
+
+
+def test_t4_link_width_x8_of_x16(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(system=_report(fixtures_dir, "tesla-t4.xml"), env={}))
+    width = [f for f in diagnosis.findings if f.id == "hw.pcie_width_degraded"]
+    assert len(width) == 1
+    assert "x8 of x16" in width[0].message
+    assert {e.value for e in width[0].evidence} == {8, 16}
+    assert "hw.pcie_gen_idle_downclock" not in diagnosis.ids()  # T4 runs at gen 3 of 3
+
+
+def test_a100_mig_is_info_and_persistence_off_is_low(fixtures_dir: Path) -> None:
+    found = dict(_diagnose(_report(fixtures_dir, "a100-sxm4-v12.xml")))
+    assert found["hw.mig_enabled"] == "info"
+    assert found["hw.persistence_off"] == "low"
+
+
+def test_busy_rtx3080_has_no_throttle_or_link_finding(fixtures_dir: Path) -> None:
+    found = dict(_diagnose(_report(fixtures_dir, "rtx-3080-v13.xml")))
+    assert not any(k.startswith(("hw.pcie", "hw.power", "hw.thermal")) for k in found)
+
+
+def test_memory_over_90_percent_suggests_checkpointing(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(
+        EvidenceBundle(system=_report(fixtures_dir, "dual_a5000-v13.xml"), env={})
+    )
+    full = [f for f in diagnosis.findings if f.id == "hw.memory_full"]
+    assert len(full) == 1  # GPU 0 holds 22 of 24 GiB; GPU 1 holds 17 GiB (70 %)
+    assert full[0].fix is not None
+    assert full[0].fix.id == "activation.checkpointing"
+    assert full[0].fix.to_fix().id == "activation.checkpointing"
+    assert "env.allocator_expandable_segments" in diagnosis.ids()
+    fixed_env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    again = run_rules(
+        EvidenceBundle(system=_report(fixtures_dir, "dual_a5000-v13.xml"), env=fixed_env)
+    )
+    assert "env.allocator_expandable_segments" not in again.ids()
+
+
+@pytest.mark.parametrize(
+    "reasons",
+    [("hw_slowdown",), ("sw_thermal_slowdown", "sw_power_cap"), ("hw_power_brake_slowdown",)],
+)
+def test_protective_clock_events_are_high(fixtures_dir: Path, reasons: tuple[str, ...]) -> None:
+    system = _edit_gpu(
+        _report(fixtures_dir, "rtx-3080-v13.xml"), state={"clock_event_reasons": ok(reasons)}
+    )
+    assert ("hw.thermal_or_power_slowdown", "high") in _diagnose(system)
+
+
+def test_ecc_and_retired_pages(fixtures_dir: Path) -> None:
+    system = _edit_gpu(
+        _report(fixtures_dir, "tesla-t4.xml"),
+        state={"ecc_uncorrected_volatile": ok(3), "retired_pages": ok(2)},
+    )
+    found = dict(_diagnose(system))
+    assert found["hw.ecc_uncorrected"] == "high"
+    assert found["hw.retired_pages"] == "medium"
+    assert "hw.ecc_uncorrected" not in dict(_diagnose(_report(fixtures_dir, "tesla-t4.xml")))
+
+
+def test_nvlink_partly_down_is_high(fixtures_dir: Path) -> None:
+    links = (
+        NvLink(0, ok(True)),
+        NvLink(1, ok(False)),
+        NvLink(2, Reading(None, Status.NOT_SUPPORTED)),
+    )
+    system = _edit_gpu(_report(fixtures_dir, "a100-sxm4-v12.xml"), info={"nvlinks": links})
+    diagnosis = run_rules(EvidenceBundle(system=system, env={}))
+    nvlink = [f for f in diagnosis.findings if f.id == "hw.nvlink_down"]
+    assert [f.severity for f in nvlink] == [Severity.HIGH]
+    assert "link(s) 1 down" in nvlink[0].message
+
+
+def test_gpu_lost_reading_is_high(fixtures_dir: Path) -> None:
+    lost: Reading[float] = Reading(None, Status.GPU_LOST, "GPU is lost")
+    system = _edit_gpu(_report(fixtures_dir, "rtx-3080-v13.xml"), state={"temperature_c": lost})
+    assert ("hw.gpu_lost", "high") in _diagnose(system)
+
+
+def test_na_readings_make_no_findings(fixtures_dir: Path) -> None:
+    # The vGPU guest reports PCIe, clock reasons and persistence as N/A.
+    assert _diagnose(_report(fixtures_dir, "tesla_p4.xml")) == []
+
+
+def test_gpu_rules_not_evaluated_without_gpu() -> None:
+    diagnosis = run_rules(EvidenceBundle(system=None, env={}))
+    skipped = {n.rule: n.missing for n in diagnosis.not_evaluated}
+    assert "hw.pcie_link" in skipped
+    assert "NVIDIA GPU" in skipped["hw.pcie_link"]
+    assert "hw.gpu_lost" in skipped
+    assert "env.cuda_limiting" in diagnosis.evaluated
+
+
+def test_cuda_launch_blocking_is_high_and_ranked_first(fixtures_dir: Path) -> None:
+    env = {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_INJECTION64_PATH": "/opt/tool/libinj.so"}
+    diagnosis = run_rules(EvidenceBundle(system=_report(fixtures_dir, "tesla-t4.xml"), env=env))
+    assert diagnosis.findings[0].id == "env.cuda_launch_blocking"
+    assert diagnosis.findings[0].severity is Severity.HIGH
+    assert ("env.cuda_injection64_path", Severity.MEDIUM) in [
+        (f.id, f.severity) for f in diagnosis.findings
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "", "false"])
+def test_variables_set_to_off_are_ignored(value: str) -> None:
+    diagnosis = run_rules(EvidenceBundle(env={"CUDA_LAUNCH_BLOCKING": value}))
+    assert diagnosis.findings == ()

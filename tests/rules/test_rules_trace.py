@@ -1,0 +1,201 @@
+"""Trace rules on real Kineto traces (V100 / A100 runs) and on edits of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudiag.analysis.trace import TraceReport, analyze_trace
+from gpudiag.analysis.trace.breakdown import TimeBreakdown
+from gpudiag.analysis.trace.launches import LaunchStats
+from gpudiag.analysis.trace.syncs import SyncEvent
+from gpudiag.rules.engine import EvidenceBundle, run_rules
+from gpudiag.rules.finding import Severity
+
+RESNET_W0 = "kineto-resnet50_num_workers_0-worker0.1623143089861.pt.trace.json.gz"
+RESNET_W4 = "kineto-resnet50_num_workers_4-worker0.1623213129365.pt.trace.json.gz"
+ALEXNET_A100 = "hta-critical_path-alexnet-benchmark_result_2869224_1695835535_trace.json.gz"
+CONTROL_A100 = "hta-trace_diff-control.json.gz"
+TEST_V100 = "hta-trace_diff-test.json.gz"
+MULTINODE_A100 = "hta-negative_queue_length_values_check-rank0.json.gz"
+
+_CACHE: dict[str, TraceReport] = {}
+
+
+def _trace(fixtures_dir: Path, name: str) -> TraceReport:
+    if name not in _CACHE:
+        _CACHE[name] = analyze_trace(fixtures_dir / "traces" / name)
+    return _CACHE[name]
+
+
+def _findings(trace: TraceReport) -> dict[str, Severity]:
+    diagnosis = run_rules(EvidenceBundle(trace=trace, env={}))
+    return {f.id: f.severity for f in diagnosis.findings}
+
+
+def _edit(trace: TraceReport, **rank_fields: Any) -> TraceReport:
+    rank = dataclasses.replace(trace.ranks[0], **rank_fields)
+    return dataclasses.replace(trace, ranks=(rank,))
+
+
+def test_resnet_num_workers_0_is_dataloader_bound(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, RESNET_W0), env={}))
+    top = diagnosis.findings[0]
+    assert top.id == "input.dataloader_bound"
+    assert top.severity is Severity.HIGH
+    assert top.fix is not None
+    assert top.fix.id == "dataloader.tuning"
+    assert top.fix.params["num_workers"] >= 2
+    assert top.estimated_gain == pytest.approx(_trace(fixtures_dir, RESNET_W0).dataloader_share)
+    assert diagnosis.recommended()[0].id == "dataloader.tuning"
+
+
+def test_resnet_num_workers_4_is_not_dataloader_bound(fixtures_dir: Path) -> None:
+    found = _findings(_trace(fixtures_dir, RESNET_W4))
+    assert "input.dataloader_bound" not in found
+
+
+@pytest.mark.parametrize("name", [RESNET_W0, RESNET_W4])
+def test_fp32_resnet_on_v100_gets_fp16_not_bf16(fixtures_dir: Path, name: str) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, name), env={}))
+    precision = [f for f in diagnosis.findings if f.id == "precision.fp32_on_tensor_cores"]
+    assert len(precision) == 1
+    assert precision[0].severity is Severity.HIGH
+    # V100 (cc 7.0) has fp16 tensor cores only: bf16/TF32 advice would be wrong there.
+    assert precision[0].fix is not None
+    assert precision[0].fix.id == "precision.fp16"
+
+
+def test_fp32_sgemm_on_a100_gets_bf16(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, ALEXNET_A100), env={}))
+    precision = [f for f in diagnosis.findings if f.id == "precision.fp32_on_tensor_cores"]
+    assert len(precision) == 1
+    assert precision[0].fix is not None
+    assert precision[0].fix.id == "precision.bf16"
+    assert "tf32" in precision[0].instruction.lower()
+
+
+def test_precision_rule_is_silent_without_tensor_cores(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, RESNET_W0)
+    pascal = tuple(
+        dataclasses.replace(d, compute_capability=(6, 1)) for d in trace.ranks[0].devices
+    )
+    assert "precision.fp32_on_tensor_cores" not in _findings(_edit(trace, devices=pascal))
+
+
+def test_healthy_control_trace_has_no_high_finding(fixtures_dir: Path) -> None:
+    found = _findings(_trace(fixtures_dir, CONTROL_A100))
+    assert Severity.HIGH not in found.values()
+
+
+def test_item_in_step_is_named(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, TEST_V100), env={}))
+    sync = next(f for f in diagnosis.findings if f.id == "sync.host_sync_in_step")
+    assert ".item()" in sync.message
+    assert sync.severity is Severity.HIGH  # 160 ms of 744 ms of steps waiting in .item()
+    assert sync.fix is not None
+    assert sync.fix.id == "sync.remove"
+
+
+def test_sync_call_site_from_stack(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, RESNET_W0), env={}))
+    sync = next(f for f in diagnosis.findings if f.id == "sync.host_sync_in_step")
+    assert sync.fix is not None
+    assert sync.fix.params["call_site"] == "resnet50_profiler_api.py(44): <module>"
+    assert sync.severity is Severity.LOW  # 0.5 ms of 1 s
+
+
+def test_sync_rule_counts_a_planted_item(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, RESNET_W4)
+    step = trace.steps()[0]
+    planted = SyncEvent(
+        "aten::_local_scalar_dense",
+        "op",
+        step.start_us,
+        0.3 * step.duration_us,
+        step.number,
+        "aten::item",
+        "train.py(12): step",
+    )
+    edited = _edit(trace, syncs=(planted,))
+    diagnosis = run_rules(EvidenceBundle(trace=edited, env={}))
+    sync = next(f for f in diagnosis.findings if f.id == "sync.host_sync_in_step")
+    assert sync.fix is not None
+    assert sync.fix.params["call_site"] == "train.py(12): step"
+
+
+def test_exposed_communication_on_multinode_trace(fixtures_dir: Path) -> None:
+    found = _findings(_trace(fixtures_dir, MULTINODE_A100))
+    assert "comm.exposed" in found  # 13 % communication, 1 % of it overlapped
+
+
+def test_overlapped_communication_is_not_flagged(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, MULTINODE_A100)
+    assert "comm.exposed" not in _findings(_edit(trace, comm_compute_overlap=0.9))
+
+
+def test_launch_bound_suggests_compile_reduce_overhead(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, RESNET_W4)
+    measured = trace.ranks[0].launches
+    assert isinstance(measured, LaunchStats)
+    launches = dataclasses.replace(measured, launch_bound=True, short_host_wait_share=0.35)
+    diagnosis = run_rules(EvidenceBundle(trace=_edit(trace, launches=launches), env={}))
+    launch = next(f for f in diagnosis.findings if f.id == "launch.launch_bound")
+    assert launch.severity is Severity.HIGH
+    assert launch.fix is not None
+    assert launch.fix.params == {"mode": "reduce-overhead"}
+    assert "launch.launch_bound" not in _findings(trace)
+
+
+def test_low_utilization(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, RESNET_W4)
+    b = trace.ranks[0].breakdown
+    assert isinstance(b, TimeBreakdown)
+    assert "gpu.low_utilization" not in _findings(trace)  # 82 % compute
+    idle = dataclasses.replace(b, span_us=b.span_us * 3)
+    assert "gpu.low_utilization" in _findings(_edit(trace, breakdown=idle))
+
+
+def test_low_occupancy_custom_kernel_gets_block_size(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, RESNET_W4)
+    hot = dataclasses.replace(
+        trace.ranks[0].kernels[3],  # an ATen elementwise kernel, 7 % of kernel time
+        name="my_fused_kernel(float*, int)",
+        share=0.2,
+        block=(64, 1, 1),
+        registers_per_thread=32,
+        shared_memory_bytes=40 * 1024,
+        # What the occupancy calculator gives for this launch on a V100 (cc 7.0).
+        theoretical_occupancy=0.0625,
+        occupancy_limited_by=("shared_memory",),
+    )
+    diagnosis = run_rules(EvidenceBundle(trace=_edit(trace, kernels=(hot,)), env={}))
+    occ = next(f for f in diagnosis.findings if f.id == "occupancy.low")
+    assert occ.severity is Severity.MEDIUM
+    assert "limited by shared_memory" in occ.message
+    assert "launch with 1024 threads per block (100% occupancy" in occ.instruction
+    # Library kernels (cuDNN here) tune their own occupancy: no advice for them.
+    assert "occupancy.low" not in _findings(trace)
+
+
+def test_trace_without_steps_reports_dataloader_not_evaluated(fixtures_dir: Path) -> None:
+    diagnosis = run_rules(EvidenceBundle(trace=_trace(fixtures_dir, ALEXNET_A100), env={}))
+    missing = {n.rule: n.missing for n in diagnosis.not_evaluated}
+    assert "ProfilerStep" in missing["input.dataloader"]
+    assert "input.dataloader_bound" not in diagnosis.ids()
+
+
+def test_step_outliers_on_v100_test_trace(fixtures_dir: Path) -> None:
+    # Steps of 82-166 ms (SOURCES.md: mean 124 ms): 166 ms is over 1.5x the median.
+    assert _findings(_trace(fixtures_dir, TEST_V100))["steps.outliers"] is Severity.LOW
+    assert "steps.outliers" not in _findings(_trace(fixtures_dir, RESNET_W0))
+
+
+def test_straggler_rank_is_reported(fixtures_dir: Path) -> None:
+    trace = _trace(fixtures_dir, CONTROL_A100)
+    assert "steps.stragglers" not in _findings(trace)
+    edited = dataclasses.replace(trace, stragglers=(trace.ranks[0].rank,))
+    assert _findings(edited)["steps.stragglers"] is Severity.MEDIUM
