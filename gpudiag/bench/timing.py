@@ -9,7 +9,10 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gpudiag._report import jsonable
+from gpudiag.analysis.measurement import SPREAD_WARNING as SPREAD_WARNING
+from gpudiag.analysis.measurement import Measurement as BaseMeasurement
+from gpudiag.analysis.measurement import _fmt_time as _fmt_s
+from gpudiag.analysis.measurement import quartiles as quartiles
 
 Clock = Callable[[], float]
 # A timer is a context-manager factory: on exit it appends the elapsed seconds to the list it
@@ -40,87 +43,17 @@ def host_timer(clock: Clock = time.perf_counter, sync: Callable[[], None] | None
     return timer
 
 
-# torch.utils.benchmark warns above this IQR/median ratio; gpudiag.analysis.stats uses the same.
-SPREAD_WARNING = 0.10
-
-
-def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
-    """(Q1, median, Q3) by linear interpolation between order statistics (numpy's default
-    method), in pure Python so that ``import gpudiag.bench`` stays light."""
-    if not samples:
-        return math.nan, math.nan, math.nan
-    ordered = sorted(samples)
-
-    def at(fraction: float) -> float:
-        position = fraction * (len(ordered) - 1)
-        low = math.floor(position)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-    return at(0.25), at(0.5), at(0.75)
-
-
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(BaseMeasurement):
     """Repeated timings of one operation, in seconds per call.
 
     ``samples_s`` holds one value per repetition; each repetition timed ``number`` calls back to
-    back and divided. ``warmup_calls`` calls ran first and are not in the samples. The names
-    match ``gpudiag.analysis.stats.Measurement`` (median_s, iqr_s, relative_spread, warnings).
+    back and divided. ``warmup_calls`` calls ran first and are not in the samples. The summaries
+    (median_s, iqr_s, relative_spread, warnings) are those of every gpudiag measurement.
     """
 
-    samples_s: tuple[float, ...]
-    label: str = ""
     number: int = 1
     warmup_calls: int = 0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "samples_s", tuple(float(s) for s in self.samples_s))
-
-    @property
-    def n(self) -> int:
-        return len(self.samples_s)
-
-    @property
-    def median_s(self) -> float:
-        return quartiles(self.samples_s)[1]
-
-    @property
-    def q1_s(self) -> float:
-        return quartiles(self.samples_s)[0]
-
-    @property
-    def q3_s(self) -> float:
-        return quartiles(self.samples_s)[2]
-
-    @property
-    def iqr_s(self) -> float:
-        q1, _, q3 = quartiles(self.samples_s)
-        return q3 - q1
-
-    @property
-    def min_s(self) -> float:
-        return min(self.samples_s) if self.samples_s else math.nan
-
-    @property
-    def relative_spread(self) -> float:
-        """IQR / median: how far to trust the median."""
-        median = self.median_s
-        return self.iqr_s / median if median > 0 else math.nan
-
-    @property
-    def has_large_spread(self) -> bool:
-        return self.n >= 4 and self.relative_spread > SPREAD_WARNING
-
-    def warnings(self) -> tuple[str, ...]:
-        if self.n < 4:
-            return (f"only {self.n} sample(s): the spread cannot be judged",)
-        if self.has_large_spread:
-            return (
-                f"the IQR is {self.relative_spread:.0%} of the median: the timings are noisy "
-                "(other processes, frequency scaling); take more samples or use a quieter machine",
-            )
-        return ()
 
     def rate(self, amount: float) -> float:
         """``amount`` per second at the median time (e.g. FLOPs -> FLOP/s)."""
@@ -133,21 +66,9 @@ class Measurement:
         return (amount / q3 if q3 > 0 else math.inf, amount / q1 if q1 > 0 else math.inf)
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "label": self.label,
-                "n": self.n,
-                "median_s": self.median_s,
-                "q1_s": self.q1_s,
-                "q3_s": self.q3_s,
-                "iqr_s": self.iqr_s,
-                "relative_spread": self.relative_spread,
-                "number": self.number,
-                "warmup_calls": self.warmup_calls,
-                "warnings": list(self.warnings()),
-                "samples_s": list(self.samples_s),
-            }
-        )
+        out = super().to_dict()
+        out.update(number=self.number, warmup_calls=self.warmup_calls)
+        return out
 
     def __repr__(self) -> str:
         text = (
@@ -158,15 +79,6 @@ class Measurement:
         for warning in self.warnings():
             text += f"\n  WARNING: {warning}"
         return text
-
-
-def _fmt_s(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "n/a"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 def measure(
