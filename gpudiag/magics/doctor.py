@@ -20,6 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (3)")
     parser.add_argument("--replay", metavar="FILE", help="a recorded machine (nvidia-smi XML)")
+    parser.add_argument(
+        "--no-widget",
+        action="store_true",
+        help="return the Diagnosis itself instead of the card with Try-it buttons",
+    )
+    parser.add_argument(
+        "--budget", type=float, default=30.0, help="seconds a Try-it comparison may take (30)"
+    )
 
 
 def _workload(name: str | None, shell: Any) -> Any:
@@ -49,4 +57,9 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     system = inspect(replay=args.replay)
     if args.trace:
         return diagnose(trace=args.trace, system=system)
-    return diagnose(workload=_workload(args.workload, shell), system=system, steps=args.steps)
+    diagnosis = diagnose(workload=_workload(args.workload, shell), system=system, steps=args.steps)
+    if args.no_widget:
+        return diagnosis
+    from gpudiag.ui.diagnosis import DiagnosisView
+
+    return DiagnosisView(diagnosis, time_budget_s=args.budget)

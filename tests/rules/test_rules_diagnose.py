@@ -149,10 +149,17 @@ def test_cli_diagnose_workload(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_doctor_magic_profiles_the_demo_workload(ipython_shell: Any) -> None:
-    result = ipython_shell.run_line_magic("gpudiag", "doctor --steps 1")
-    assert isinstance(result, Diagnosis)
+    view = ipython_shell.run_line_magic("gpudiag", "doctor --steps 1")
+    from gpudiag.ui.diagnosis import DiagnosisView
+
+    assert isinstance(view, DiagnosisView)  # the card with Try-it buttons
+    result = view.diagnosis
     assert "trace" in result.sources
     assert "source code" in result.sources
+    assert view.buttons
+    assert all(not b.disabled for b in view.buttons)  # the demo workload is there to try on
+    plain = ipython_shell.run_line_magic("gpudiag", "doctor --steps 1 --no-widget")
+    assert isinstance(plain, Diagnosis)
 
 
 def test_try_fix_needs_a_workload(fixtures_dir: Path) -> None:
