@@ -348,3 +348,41 @@ def memory_full(evidence: EvidenceBundle) -> Iterator[Finding]:
             instruction="or a smaller micro-batch with gradient accumulation (batch.size); "
             "if another process holds the memory, free it first",
         )
+
+
+MEMORY_HEADROOM = 0.50  # less than half the memory used ...
+GPU_BUSY_LOW = 0.50  # ... while the GPU computes less than half the time
+
+
+@rule("memory.headroom_unused", category="memory", needs=("gpu", "gpu_trace"))
+def memory_headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Under half the GPU memory used while the GPU computes under half the time: a bigger
+    micro-batch gives each launch more work and the idle gaps less weight."""
+    b = evidence.trace.time_breakdown()
+    span = float(b.get("span_us") or 0.0)
+    if span <= 0:
+        return
+    busy = float(b.get("compute_us") or 0.0) / span
+    if busy >= GPU_BUSY_LOW:
+        return
+    for gpu in _gpus(evidence):
+        used = memory_used_fraction(gpu)
+        if used is None or used >= MEMORY_HEADROOM:
+            continue
+        yield Finding(
+            "memory.headroom_unused",
+            Severity.LOW,
+            "memory",
+            f"{gpu_label(gpu)}: {used:.0%} of memory used and the GPU computes {busy:.0%} of "
+            "the time: room for a bigger micro-batch",
+            (
+                Evidence(
+                    "memory used", round(used * 100, 1), "%", source_of(gpu.state.memory_used_bytes)
+                ),
+                Evidence("GPU compute time share", round(busy * 100, 1), "%", "trace"),
+            ),
+            threshold=f"memory used < {MEMORY_HEADROOM:.0%} and compute < {GPU_BUSY_LOW:.0%} "
+            "of the trace span",
+            instruction="raise the micro-batch (batch.size) until memory is ~80 % used, scaling "
+            "the learning rate or lowering gradient accumulation to keep the global batch",
+        )

@@ -199,3 +199,24 @@ def test_straggler_rank_is_reported(fixtures_dir: Path) -> None:
     assert "steps.stragglers" not in _findings(trace)
     edited = dataclasses.replace(trace, stragglers=(trace.ranks[0].rank,))
     assert _findings(edited)["steps.stragglers"] is Severity.MEDIUM
+
+
+def test_memory_headroom_unused_needs_both_low_memory_and_low_compute(fixtures_dir: Path) -> None:
+    from gpudiag.probe.system import inspect
+    from gpudiag.rules import diagnose
+
+    alexnet = (
+        fixtures_dir
+        / "traces"
+        / "hta-critical_path-alexnet-benchmark_result_2869224_1695835535_trace.json.gz"
+    )
+    roomy = inspect(
+        replay=fixtures_dir / "nvidia-smi-xml" / "a100-sxm4-v12.xml"
+    )  # 50 MiB of 80 GiB
+    full = inspect(replay=fixtures_dir / "nvidia-smi-xml" / "dual_a5000-v13.xml")  # 22 of 24 GiB
+    found = diagnose(trace=alexnet, system=roomy, env={})
+    headroom = [f for f in found.findings if f.id == "memory.headroom_unused"]
+    assert headroom
+    assert headroom[0].evidence[1].value < 50
+    # both A5000s hold most of their memory (92 % and 70 %): no room to grow the batch
+    assert "memory.headroom_unused" not in diagnose(trace=alexnet, system=full, env={}).ids()
