@@ -91,3 +91,20 @@ def package_installed(name: str) -> bool:
 
 def cc_text(cc: tuple[int, int] | None) -> str:
     return "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
+
+
+def gpu_has(system: Any, feature: str, what: str, needed: str, hint: str = "") -> tuple[bool, str]:
+    """Whether the run's GPU has the tensor-core ``feature`` (a ``specs.features`` flag such as
+    ``"tf32"``), and the reason when it has not or cannot be told."""
+    cc, name = gpu_cc(system)
+    if cc is None:
+        return (
+            False,
+            f"the compute capability of {name} is unknown, so {what} support cannot be checked",
+        )
+    if not getattr(features(cc), feature):
+        return False, (
+            f"{name} (compute capability {cc_text(cc)}) has no {what} tensor cores "
+            f"({needed} needed){hint}"
+        )
+    return True, ""

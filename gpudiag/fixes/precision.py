@@ -59,18 +59,7 @@ class TF32(FixSpec):
                 "TF32 is a tensor-core format of NVIDIA GPUs (compute capability 8.0+); "
                 "this run is on the CPU",
             )
-        cc, name = _system.gpu_cc(system)
-        if cc is None:
-            return (
-                False,
-                f"the compute capability of {name} is unknown, so TF32 support cannot be checked",
-            )
-        if not _system.features(cc).tf32:
-            return False, (
-                f"{name} (compute capability {_system.cc_text(cc)}) has no TF32 tensor cores "
-                "(8.0+ needed): the flags would change nothing"
-            )
-        return True, ""
+        return _system.gpu_has(system, "tf32", "TF32", "8.0+", ": the flags would change nothing")
 
     def scope(self, params: Mapping[str, Any], target: FixTarget) -> Any:
         return tf32_enabled()
@@ -123,18 +112,7 @@ class BF16(FixSpec):
         if device_type == "cpu":
             ok, why = _cpu_low_precision(system, "bf16")
             return ok, "" if ok else why
-        cc, name = _system.gpu_cc(system)
-        if cc is None:
-            return (
-                False,
-                f"the compute capability of {name} is unknown, so bf16 support cannot be checked",
-            )
-        if not _system.features(cc).bf16:
-            return False, (
-                f"{name} (compute capability {_system.cc_text(cc)}) has no bf16 tensor cores "
-                "(8.0+ needed); try precision.fp16 instead"
-            )
-        return True, ""
+        return _system.gpu_has(system, "bf16", "bf16", "8.0+", "; try precision.fp16 instead")
 
     def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
         import torch
@@ -248,18 +226,9 @@ class FP8(FixSpec):
                 "FP8 tensor cores exist only on NVIDIA GPUs of compute capability 8.9+ "
                 "(Ada, Hopper)",
             )
-        cc, name = _system.gpu_cc(system)
-        if cc is None:
-            return (
-                False,
-                f"the compute capability of {name} is unknown, so FP8 support cannot be checked",
-            )
-        if not _system.features(cc).fp8:
-            return (
-                False,
-                f"{name} (compute capability {_system.cc_text(cc)}) has no FP8 tensor cores "
-                "(8.9+ needed)",
-            )
+        has_fp8 = _system.gpu_has(system, "fp8", "FP8", "8.9+")
+        if not has_fp8[0]:
+            return has_fp8
         if not _system.package_installed("transformer_engine"):
             return (
                 False,
