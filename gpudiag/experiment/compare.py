@@ -496,18 +496,28 @@ def compare(
         n = min(len(arm.samples_s), len(base_samples))
         est = verdict_text = None
         if not arm.is_baseline and n >= 2 and arm.error is None:
-            est = speedup_ci(base_samples[:n], arm.samples_s[:n], confidence=confidence, seed=seed)
+            est = speedup_ci(
+                base_samples[:n],
+                per_baseline_step(arm, baseline_arm)[:n],
+                confidence=confidence,
+                seed=seed,
+            )
             verdict_text = verdict(est, tolerance=tolerance)
         drift = None
         if not arm.is_baseline:
             drift = _drift_for(traces, arm, baseline_arm)
+            if arm.samples_per_step != baseline_arm.samples_per_step and arm.samples_per_step:
+                drift = not_measured(
+                    f"the arm takes {arm.samples_per_step} samples per optimizer step, the "
+                    f"baseline {baseline_arm.samples_per_step}: their losses are not comparable"
+                )
         stop = stops.get(arm.label)
         results.append(
             ArmResult(
                 label=arm.label,
                 fixes=arm.fixes,
                 step_time=Measurement(tuple(arm.samples_s), arm.label),
-                samples_per_step=workload.samples_per_step(),
+                samples_per_step=arm.samples_per_step,
                 tokens_per_sample=workload.tokens_per_sample,
                 memory=memory.get(arm.label),
                 drift=drift,
@@ -558,6 +568,8 @@ def _why_not(combo: tuple[Fix, ...], workload: Workload, system: Any, device_typ
                 f"{fix.label} changes the model or data pipeline; a step-function workload "
                 "takes only ambient fixes and compile"
             )
+        if fix.id == "dataloader.tuning" and workload.dataloader is None:
+            return f"{fix.label} tunes a DataLoader; this workload has none (batch=)"
         ok, reason = fix.supported(system, device_type)
         if not ok:
             return reason
@@ -744,7 +756,10 @@ def _timing_phase(
                 n = len(arm.samples_s)
                 if adaptive:
                     decision = stoppers[arm.label].update(
-                        arms[0].samples_s[:n], arm.samples_s, rounds=n, elapsed_s=elapsed
+                        arms[0].samples_s[:n],
+                        per_baseline_step(arm, arms[0]),
+                        rounds=n,
+                        elapsed_s=elapsed,
                     )
                     if decision.stop:
                         stops[arm.label] = decision.reason
@@ -758,6 +773,16 @@ def _timing_phase(
     for arm in active:
         stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
     return k, rounds, stops, wall() - t0
+
+
+def per_baseline_step(arm: Arm, baseline: Arm) -> list[float]:
+    """The arm's step times scaled to the baseline's samples per step, so that ratios with the
+    baseline's step times are ratios of samples/s (the same numbers unless a batch fix
+    changed the samples per step)."""
+    if not arm.samples_per_step or not baseline.samples_per_step:
+        return list(arm.samples_s)  # a step function of unknown batch: step times as they are
+    scale = baseline.samples_per_step / arm.samples_per_step
+    return [t * scale for t in arm.samples_s]
 
 
 def _last_look(stopper: AdaptiveStopper) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import random
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -9,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudiag.experiment.drift import StepTrace
-from gpudiag.experiment.workload import Workload
+from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.fixes import Fix, FixTarget
+from gpudiag.fixes.dataloader import rebuild_loader
 from gpudiag.probe import cuda
 
 
@@ -78,7 +81,10 @@ class Arm:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     _stack: ExitStack = field(default_factory=ExitStack)
-    _batches: Iterator[Any] | None = None
+    _batches: Iterator[list[Any]] | None = None
+    _micro_loader: Any = None
+    # Samples in one optimizer step of this arm (a batch fix changes it), fixed at open().
+    samples_per_step: int = 0
 
     @property
     def is_baseline(self) -> bool:
@@ -93,19 +99,50 @@ class Arm:
             owns_step=wl.owns_step,
             device_type=self.device_type,
             system=self.system,
+            batch_size=wl.samples_per_step() if wl.owns_step else None,
+            dataloader=wl.dataloader,
         )
         if not self.shared:
             self._prepare(self._stack)
             self._collect_notes()
+        self.samples_per_step = self._samples_per_step()
         self.reset_batches()
+
+    def _samples_per_step(self) -> int:
+        t = self.target
+        if not self.workload.owns_step or not t.batch_size:
+            return self.workload.samples_per_step()
+        return (t.micro_batch or t.batch_size) * t.accumulation
 
     def reset_batches(self) -> None:
         """Start the batches again (a dataloader re-shuffles from the current RNG state)."""
         if self.workload.owns_step:
-            self._batches = self.workload.batches()
+            self._batches = self._step_batches()
+
+    def _step_batches(self) -> Iterator[list[Any]]:
+        """The micro-batches of each step: one batch, unless a batch fix splits or resizes it."""
+        t, wl = self.target, copy.copy(self.workload)
+        micro = t.micro_batch or t.batch_size or wl.batch_size
+        parts = t.accumulation
+        if t.dataloader is not None:
+            loader = t.dataloader
+            if loader.batch_size is not None and micro != loader.batch_size:
+                if self._micro_loader is None:
+                    self._micro_loader = rebuild_loader(loader, batch_size=micro)
+                loader = self._micro_loader
+            wl.dataloader = loader
+            source = wl.batches()
+            return iter(lambda: [next(source) for _ in range(parts)], None)
+        if micro * parts == wl.batch_size and parts > 1:
+            chunks = split_batch(wl.make_batch(), parts)
+            if chunks is not None:
+                return itertools.repeat(chunks)
+        wl.batch_size = micro
+        return itertools.repeat([wl.make_batch()] * parts)
 
     def close(self) -> None:
         self._stack.close()
+        self._batches = self._micro_loader = None  # lets DataLoader workers shut down
 
     def _prepare(self, stack: ExitStack) -> None:
         for fix in self.fixes:
@@ -152,11 +189,17 @@ class Arm:
     def _model_step(self, record: bool) -> tuple[float | None, float | None]:
         t = self.target
         assert self._batches is not None
-        batch = next(self._batches)
-        with self._autocast():
-            loss = self.workload.loss_fn()(t.model, batch)
+        micro_batches = next(self._batches)
         scaler, opt = t.scaler, t.optimizer
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        loss_fn = self.workload.loss_fn()
+        losses = []
+        for batch in micro_batches:
+            with self._autocast():
+                loss = loss_fn(t.model, batch)
+            if len(micro_batches) > 1:
+                loss = loss / len(micro_batches)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            losses.append(loss.detach())
         norm = None
         if record:
             if scaler is not None and opt is not None:
@@ -173,7 +216,7 @@ class Arm:
             opt.zero_grad(set_to_none=True)
         else:
             self.base_model.zero_grad(set_to_none=True)
-        return (float(loss.detach().float()) if record else None), norm
+        return (sum(float(x.float()) for x in losses) if record else None), norm
 
     def _function_step(self, record: bool) -> tuple[float | None, float | None]:
         assert self.target.step_fn is not None

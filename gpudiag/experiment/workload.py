@@ -29,6 +29,41 @@ def move_to(batch: Any, device: Any) -> Any:
     return batch
 
 
+def split_batch(batch: Any, parts: int) -> list[Any] | None:
+    """A (nested) batch cut into ``parts`` equal micro-batches along dim 0; None when its
+    tensors do not share one leading size divisible by ``parts``."""
+    import torch
+
+    sizes: set[int] = set()
+
+    def leading(b: Any) -> None:
+        if isinstance(b, torch.Tensor):
+            sizes.add(int(b.shape[0]) if b.dim() else -1)
+        elif isinstance(b, (list, tuple)):
+            for x in b:
+                leading(x)
+        elif isinstance(b, Mapping):
+            for x in b.values():
+                leading(x)
+
+    leading(batch)
+    if len(sizes) != 1 or (size := sizes.pop()) < parts or size % parts:
+        return None
+
+    def cut(b: Any, i: int) -> Any:
+        if isinstance(b, torch.Tensor):
+            return b.tensor_split(parts)[i]
+        if isinstance(b, tuple) and hasattr(b, "_fields"):
+            return type(b)(*(cut(x, i) for x in b))
+        if isinstance(b, (list, tuple)):
+            return type(b)(cut(x, i) for x in b)
+        if isinstance(b, Mapping):
+            return {k: cut(v, i) for k, v in b.items()}
+        return b
+
+    return [cut(batch, i) for i in range(parts)]
+
+
 def default_loss(model: Any, batch: Any) -> Any:
     """``model(batch)`` (dicts as keyword arguments, tuples as positional ones), then its loss.
 

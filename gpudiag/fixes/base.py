@@ -59,6 +59,11 @@ class FixTarget:
     scaler: Any = None
     system: Any = None
     notes: list[str] = field(default_factory=list)
+    # The batch gpudiag's own step feeds (set by the trial; the batch fixes change them).
+    batch_size: int | None = None  # samples per step of the workload as given
+    dataloader: Any = None  # the workload's DataLoader, or the trial's rebuilt one
+    micro_batch: int | None = None  # batch.size: samples per forward/backward
+    accumulation: int = 1  # batch.size: micro-batches per optimizer step
 
 
 class FixSpec:
@@ -77,6 +82,9 @@ class FixSpec:
     main_param: ClassVar[str | None] = None  # ``attention.backend=flash`` sets this parameter
     group: ClassVar[str | None] = None  # at most one fix of a group in one trial
     implemented: ClassVar[bool] = True
+    # Changes only what gpudiag's own step feeds (its batches): tried in trials, while applied
+    # to a user's model it is skipped with how to make the change in a training script.
+    trial_only: ClassVar[bool] = False
     order: ClassVar[int] = 50  # application order; compile wraps last
 
     # -- parameters -----------------------------------------------------------------------
@@ -151,7 +159,16 @@ def register(cls: type[FixSpec]) -> type[FixSpec]:
 
 def _load_all() -> None:
     # The spec modules register themselves on import.
-    from gpudiag.fixes import attention, compile, environment, precision, structural, switches  # noqa: F401
+    from gpudiag.fixes import (  # noqa: F401
+        attention,
+        batch,
+        compile,
+        dataloader,
+        environment,
+        precision,
+        structural,
+        switches,
+    )
 
 
 def registry() -> Mapping[str, FixSpec]:
@@ -508,6 +525,11 @@ def apply_fixes(
     try:
         for fix in fixes:
             reason = fix.live_blocker()
+            if not reason and fix.spec.trial_only:
+                reason = (
+                    f"{fix.label} changes the batches of gpudiag's trials only; in a training "
+                    "script: " + " ".join(line.strip() for line in fix.code())
+                )
             can = not reason
             if can and check:
                 can, reason = fix.supported(system, dev)

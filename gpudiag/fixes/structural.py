@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from gpudiag.fixes import _system
 from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
 
 
@@ -20,30 +19,6 @@ class _Planned(FixSpec):
 
     def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
         raise self.not_implemented(params)
-
-
-class BatchSizeParams(FixParams):
-    micro_batch: int | None = Field(None, ge=1)
-    accumulation: int = Field(1, ge=1)
-    global_batch: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BatchSizeParams:
-        if self.micro_batch and self.global_batch and self.global_batch % self.micro_batch:
-            raise ValueError("global_batch must be a multiple of micro_batch")
-        return self
-
-
-@register
-class BatchSize(_Planned):
-    id = "batch.size"
-    summary = "Change the micro-batch size, with gradient accumulation to keep the global batch."
-    Params = BatchSizeParams
-    main_param = "micro_batch"
-
-    def describe(self, params: Mapping[str, Any]) -> str:
-        parts = [f"{k}={v}" for k, v in params.items() if v is not None]
-        return f"{self.summary} ({', '.join(parts)})" if parts else self.summary
 
 
 class CheckpointingParams(FixParams):
@@ -60,35 +35,6 @@ class ActivationCheckpointing(_Planned):
     )
     Params = CheckpointingParams
     main_param = "every_n_layers"
-
-
-class DataLoaderParams(FixParams):
-    num_workers: int | None = Field(None, ge=0)
-    pin_memory: bool = True
-    persistent_workers: bool = True
-    prefetch_factor: int | None = Field(2, ge=1)
-
-
-@register
-class DataLoaderTuning(_Planned):
-    id = "dataloader.tuning"
-    summary = (
-        "Load batches in worker processes (num_workers), into pinned memory, with workers kept "
-        "alive between epochs, so the input pipeline overlaps the step."
-    )
-    Params = DataLoaderParams
-    main_param = "num_workers"
-
-    def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
-    ) -> tuple[bool, str]:
-        cores = getattr(
-            getattr(_system.host(system), "logical_cores", None), "get", lambda d=None: d
-        )(None)
-        workers = params.get("num_workers")
-        if cores is not None and workers is not None and workers > cores:
-            return False, f"{workers} workers on {cores} logical cores would oversubscribe the CPU"
-        return True, ""
 
 
 class FsdpParams(FixParams):

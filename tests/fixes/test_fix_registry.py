@@ -34,6 +34,8 @@ IMPLEMENTED = {
     "attention.backend",
     "compile",
     "cudnn.benchmark",
+    "batch.size",
+    "dataloader.tuning",
 }
 
 
@@ -108,9 +110,7 @@ def test_fix_is_immutable() -> None:
     "fix_id",
     [
         "precision.fp8",
-        "batch.size",
         "activation.checkpointing",
-        "dataloader.tuning",
         "fsdp.wrap",
         "cuda.graphs",
     ],

@@ -1,0 +1,145 @@
+"""dataloader.tuning: load batches in worker processes, pinned, with workers kept alive.
+
+A trial rebuilds the workload's ``torch.utils.data.DataLoader`` over the same dataset, sampler
+and collate function with the new settings (``rebuild_loader``); the user's loader is never
+touched. Runs for real on the CPU; ``pin_memory`` only matters with a CUDA device and is left
+off without one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+from pydantic import Field
+
+from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes import _system
+from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+
+# Workers chosen when none are given: one per spare CPU (the training process keeps one),
+# at most this many (more rarely helps a single GPU's input pipeline and costs memory).
+MAX_AUTO_WORKERS = 8
+
+
+class DataLoaderParams(FixParams):
+    num_workers: int | None = Field(None, ge=0)
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int | None = Field(2, ge=1)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def auto_workers() -> int:
+    return max(1, min(MAX_AUTO_WORKERS, usable_cpus() - 1))
+
+
+def rebuild_loader(loader: Any, **overrides: Any) -> Any:
+    """A new DataLoader over ``loader``'s dataset, sampler and collate function, with
+    ``overrides`` (``batch_size``, ``num_workers``, ``pin_memory``, ...) replacing its settings.
+    Settings that only exist with workers are dropped when ``num_workers`` is 0."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    settings: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "persistent_workers": loader.persistent_workers,
+        "prefetch_factor": loader.prefetch_factor,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+    }
+    new_batch_size = overrides.pop("batch_size", None)
+    settings.update(overrides)
+    if not settings["num_workers"]:
+        settings["num_workers"] = 0
+        settings["persistent_workers"] = False
+        settings["prefetch_factor"] = None
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        batching: dict[str, Any] = {
+            "batch_size": new_batch_size or loader.batch_size,
+            "drop_last": loader.drop_last,
+        }
+    elif loader.batch_size is None and new_batch_size is None:
+        batching = {"batch_sampler": loader.batch_sampler}  # the user's own batch sampler
+    else:
+        batching = {
+            "batch_size": new_batch_size or loader.batch_size,
+            "sampler": loader.sampler,
+            "drop_last": loader.drop_last,
+        }
+    return DataLoader(dataset, **batching, **settings)
+
+
+@register
+class DataLoaderTuning(FixSpec):
+    id = "dataloader.tuning"
+    kind = FixKind.STRUCTURAL
+    trial_only = True
+    summary = (
+        "Load batches in worker processes (num_workers), into pinned memory, with workers kept "
+        "alive between epochs, so the input pipeline overlaps the step."
+    )
+    Params = DataLoaderParams
+    main_param = "num_workers"
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        workers = params.get("num_workers")
+        return f"{self.summary} (num_workers={'auto' if workers is None else workers})"
+
+    def supported(
+        self, params: Mapping[str, Any], system: Any, device_type: str
+    ) -> tuple[bool, str]:
+        cores = getattr(
+            getattr(_system.host(system), "logical_cores", None), "get", lambda d=None: d
+        )(None)
+        workers = params.get("num_workers")
+        if cores is not None and workers is not None and workers > cores:
+            return False, f"{workers} workers on {cores} logical cores would oversubscribe the CPU"
+        return True, ""
+
+    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+        if target.dataloader is None:
+            raise UnsupportedFixError(
+                "dataloader.tuning changes a torch DataLoader: give the workload dataloader= "
+                "(in a training script, set these DataLoader arguments yourself: see the "
+                "recipe's to_python())"
+            )
+        workers = params.get("num_workers")
+        workers = auto_workers() if workers is None else int(workers)
+        pin = bool(params.get("pin_memory", True)) and target.device_type == "cuda"
+        if params.get("pin_memory", True) and not pin:
+            target.notes.append("dataloader.tuning: pin_memory left off (no CUDA device)")
+        original = target.dataloader
+        target.dataloader = rebuild_loader(
+            original,
+            num_workers=workers,
+            pin_memory=pin,
+            persistent_workers=bool(params.get("persistent_workers", True)) and workers > 0,
+            prefetch_factor=params.get("prefetch_factor") if workers > 0 else None,
+        )
+        stack.callback(setattr, target, "dataloader", original)
+
+    def code(self, params: Mapping[str, Any]) -> list[str]:
+        workers = params.get("num_workers")
+        return [
+            "loader = torch.utils.data.DataLoader(",
+            "    dataset,",
+            "    batch_size=batch_size,",
+            f"    num_workers={'os.cpu_count() - 1' if workers is None else workers},",
+            f"    pin_memory={bool(params.get('pin_memory', True))},  # with a CUDA device",
+            f"    persistent_workers={bool(params.get('persistent_workers', True))},",
+            f"    prefetch_factor={params.get('prefetch_factor', 2)},",
+            ")",
+        ]
