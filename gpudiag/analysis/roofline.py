@@ -21,6 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.costed_ops import (
+    ATTENTION_OPS,
+    CONV_OPS,
+    COSTED_OPS,
+    DTYPE_BYTES,
+    MATMUL_OPS,
+    dtype_of,
+)
 from gpudiag.errors import GpuDiagError
 
 MEMORY_BOUND = "memory-bound"
@@ -312,41 +320,6 @@ class OpRecord(Protocol):
     duration_us: float
 
 
-_TYPE_NAMES = {
-    "float": "fp32",
-    "float32": "fp32",
-    "c10::bfloat16": "bf16",
-    "bfloat16": "bf16",
-    "c10::half": "fp16",
-    "half": "fp16",
-    "float16": "fp16",
-    "double": "fp64",
-    "c10::float8_e4m3fn": "fp8",
-    "c10::float8_e5m2": "fp8",
-    "float8_e4m3fn": "fp8",
-}
-_TYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8, "fp8": 1}
-
-_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
-_CONVS = {
-    "aten::conv1d",
-    "aten::conv2d",
-    "aten::conv3d",
-    "aten::convolution",
-    "aten::_convolution",
-    "aten::cudnn_convolution",
-    "aten::mkldnn_convolution",
-}
-_ATTENTION = {
-    "aten::scaled_dot_product_attention",
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_flash_attention_forward",
-}
-
-
 def _field(op: Any, *names: str) -> Any:
     args = op.get("args", {}) if isinstance(op, Mapping) else {}
     for name in names:
@@ -452,18 +425,16 @@ def op_point(op: Any, *, default_dtype: str | None = None) -> RooflinePoint:
         raise ValueError("no duration")
     types = _field(op, "input_types", "Input type", "dtypes") or []
     concrete = _field(op, "concrete_inputs", "Concrete Inputs")
-    dtype = next(
-        (_TYPE_NAMES[str(t).lower()] for t in types if str(t).lower() in _TYPE_NAMES), default_dtype
-    )
-    if name in _MATMULS:
+    dtype = dtype_of(types, default_dtype)
+    if name in MATMUL_OPS:
         flops, outputs, operands = _matmul_work(name, shapes)
-    elif name in _CONVS:
+    elif name in CONV_OPS:
         flops, outputs, operands = _conv_work(shapes, concrete)
-    elif name in _ATTENTION:
+    elif name in ATTENTION_OPS:
         flops, outputs, operands = _attention_work(shapes, concrete)
     else:
         raise ValueError("no FLOP formula for this op")
-    elem = _TYPE_BYTES.get(dtype or "fp32", 4)
+    elem = DTYPE_BYTES.get(dtype or "fp32", 4)
     traffic = (sum(_prod(s) for s in operands if s) + outputs) * elem
     return RooflinePoint(name, flops, float(traffic), float(duration_us) * 1e-6, dtype, "trace")
 
@@ -478,9 +449,7 @@ def points_from_ops(
     Returns (points, skipped) where skipped lists (name, reason) for matmul-, conv- and
     attention-like ops that could not be costed; other ops are ignored silently.
     """
-    candidates = [
-        op for op in ops if str(_field(op, "name") or "") in _MATMULS | _CONVS | _ATTENTION
-    ]
+    candidates = [op for op in ops if str(_field(op, "name") or "") in COSTED_OPS]
     points: list[RooflinePoint] = []
     skipped: list[tuple[str, str]] = []
     for op in _outermost(candidates):

@@ -41,6 +41,13 @@ TC_GEMM = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4_wa
 FP32_GEMM = "ampere_sgemm_128x64_nn"
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>"
 NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+# CUTLASS names the operand alignment it was built for: align1 is the narrow-load fallback
+# cuBLAS picks when a leading dimension is not a multiple of 8 bf16 elements.
+UNALIGNED_GEMM = (
+    "void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_64x5_tn_align1>"
+    "(cutlass_80_tensorop_bf16_s16816gemm_bf16_64x64_64x5_tn_align1::Params)"
+)
+BF16 = "c10::BFloat16"
 
 
 @dataclass
@@ -84,9 +91,18 @@ class Kineto:
         registers: int = 32,
         shared_memory: int = 0,
         grid: tuple[int, int, int] = (1024, 1, 1),
+        input_dims: list[list[int]] | None = None,
+        input_types: list[str] | None = None,
     ) -> None:
+        """``input_dims`` / ``input_types``: the operator's "Input Dims" and "Input type", as
+        ``record_shapes=True`` records them."""
         ext, corr = self._id(), self._id()
         ts = self.host_ts
+        op_args: dict[str, Any] = {"External id": ext}
+        if input_dims is not None:
+            op_args["Input Dims"] = input_dims
+        if input_types is not None:
+            op_args["Input type"] = input_types
         self.events.append(
             {
                 "ph": "X",
@@ -96,7 +112,7 @@ class Kineto:
                 "tid": 1,
                 "ts": ts,
                 "dur": host_us,
-                "args": {"External id": ext},
+                "args": op_args,
             }
         )
         self.events.append(
@@ -197,7 +213,13 @@ class Kineto:
 
 def _healthy_step(k: Kineto) -> None:
     for _ in range(20):
-        k.launch("aten::mm", TC_GEMM, 400.0)
+        k.launch(
+            "aten::mm",
+            TC_GEMM,
+            400.0,
+            input_dims=[[4096, 768], [768, 3072]],
+            input_types=[BF16, BF16],
+        )
     k.wait_gpu()
 
 
@@ -244,12 +266,34 @@ def _low_occupancy(k: Kineto) -> None:
     k.wait_gpu()
 
 
+def _unaligned_gemm(k: Kineto) -> None:
+    # A bf16 GPT-2-sized model: 12 aligned projections (4096 rows = batch 8 x sequence 512,
+    # 768 features), then the LM head onto the raw GPT-2 vocabulary of 50257 tokens.
+    for _ in range(12):
+        k.launch(
+            "aten::linear",
+            TC_GEMM,
+            100.0,
+            input_dims=[[8, 512, 768], [768, 768], [768]],
+            input_types=[BF16, BF16, BF16],
+        )
+    k.launch(
+        "aten::linear",
+        UNALIGNED_GEMM,
+        3000.0,
+        input_dims=[[8, 512, 768], [50257, 768], []],
+        input_types=[BF16, BF16, ""],
+    )
+    k.wait_gpu()
+
+
 SCENARIOS = {
     "no_tensor_cores": (_no_tensor_cores, "precision.fp32_on_tensor_cores"),
     "launch_bound": (_launch_bound, "launch.launch_bound"),
     "pageable_memcpy": (_pageable_copies, "memcpy.pageable"),
     "exposed_nccl": (_exposed_nccl, "comm.exposed"),
     "low_occupancy": (_low_occupancy, "occupancy.low"),
+    "unaligned_gemm": (_unaligned_gemm, "shapes.gemm_alignment"),
 }
 
 
@@ -273,3 +317,7 @@ def test_healthy_control_has_no_high_severity_finding(tmp_path: Path) -> None:
     diagnosis = _diagnose(tmp_path, _healthy_step)
     assert all(f.severity is not Severity.HIGH for f in diagnosis.findings), repr(diagnosis)
     assert "precision.fp32_on_tensor_cores" not in diagnosis.ids()
+    # Its GEMMs carry aligned shapes: the shape rule ran on them and found nothing.
+    assert "shapes.gemm_alignment" in diagnosis.evaluated
+    assert not [n for n in diagnosis.not_evaluated if n.rule == "shapes.gemm_alignment"]
+    assert "shapes.gemm_alignment" not in diagnosis.ids()

@@ -32,6 +32,7 @@ from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, 
 from gpudiag.analysis.trace.nesting import nest
 from gpudiag.analysis.trace.ranks import stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
+from gpudiag.analysis.trace.shapes import shaped_ops
 from gpudiag.analysis.trace.steps import dataloader_share, step_reports
 from gpudiag.analysis.trace.syncs import find_syncs, sync_sites
 from gpudiag.analysis.trace.transfers import transfers
@@ -102,6 +103,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
     kernels = kernel_table(ev, cols, op_names)
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
+    shaped = shaped_ops(ev, nesting, window.host, steps, win_rows, op_rows, cols.tensor_cores)
     launches = (
         launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
         if breakdown is not None
@@ -177,6 +179,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         dataloader_share=dataloader_share(step_list),
         notes=tuple(notes),
         metadata=trace.metadata,
+        shaped_ops=shaped,
     )
 
 

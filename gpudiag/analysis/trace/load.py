@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from gpudiag.analysis.costed_ops import COSTED_OPS
 from gpudiag.analysis.trace.model import (
     IGNORED_CATEGORIES,
     KIND_OF_CATEGORY,
@@ -30,6 +31,7 @@ from gpudiag.analysis.trace.model import (
     Events,
     Kind,
     LaunchTable,
+    OpInputs,
     RankTrace,
 )
 from gpudiag.errors import TraceError
@@ -48,6 +50,11 @@ _KIND_OF_CATEGORY = {cat: int(kind) for cat, kind in KIND_OF_CATEGORY.items()}
 _OTHER = int(Kind.OTHER)
 _KERNEL = int(Kind.KERNEL)
 _KNOWN_PHASES = frozenset({"s", "f", "t", "i", "I", "C"})  # flows, instants, counters
+_CPU_OP = int(Kind.CPU_OP)
+# Input lists stay undecoded JSON (a slice of the block) until the event proves to be one of
+# the few costed operators: decoding them for every operator would cost time and memory, and
+# a Raw field never fails validation, so an odd value cannot push a block onto the slow path.
+_NO_RAW = msgspec.Raw()
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -65,6 +72,9 @@ class _Args(msgspec.Struct, gc=False):
     )
     nbytes: int | None = msgspec.field(default=None, name="bytes")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -98,6 +108,47 @@ def _int_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(x, int) for x in value)
 
 
+def _raw(value: Any) -> msgspec.Raw:
+    return _NO_RAW if value is None else msgspec.Raw(msgspec.json.encode(value))
+
+
+def _decode_list(raw: msgspec.Raw) -> list[Any] | None:
+    if not len(raw):
+        return None
+    try:
+        value = _ANY_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, list) else None
+
+
+def _dims(value: Any) -> tuple[int, ...]:
+    """One input's dims; () for a scalar, None, or a tensor list (a list of lists)."""
+    if isinstance(value, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
+    ):
+        return tuple(value)
+    return ()
+
+
+def _op_inputs(a: _Args) -> OpInputs | None:
+    """The recorded inputs of a costed operator; malformed lists are dropped, not raised."""
+    dims, types, concrete = (
+        _decode_list(a.input_dims),
+        _decode_list(a.input_type),
+        _decode_list(a.concrete_inputs),
+    )
+    if dims is None and types is None and concrete is None:
+        return None
+    return OpInputs(
+        dims=None if dims is None else tuple(_dims(d) for d in dims),
+        types=None if types is None else tuple(t if isinstance(t, str) else "" for t in types),
+        concrete=None
+        if concrete is None
+        else tuple(c if isinstance(c, str) else "" for c in concrete),
+    )
+
+
 def _loose_event(raw: Any) -> _Event | None:
     """An event from an untyped dict, dropping fields of unexpected types (slow path)."""
     if not isinstance(raw, dict):
@@ -127,6 +178,10 @@ def _loose_event(raw: Any) -> _Event | None:
             nbytes=pick(args, "bytes", (int,)),
             call_stack=pick(args, "Call stack", (str,)),
         )
+        if raw.get("name") in COSTED_OPS:
+            parsed_args.input_dims = _raw(args.get("Input Dims"))
+            parsed_args.input_type = _raw(args.get("Input type"))
+            parsed_args.concrete_inputs = _raw(args.get("Concrete Inputs"))
     ts, dur = pick(raw, "ts", (int, float)), pick(raw, "dur", (int, float))
     pid, tid = pick(raw, "pid", (int, str)), pick(raw, "tid", (int, str))
     return _Event(
@@ -168,6 +223,9 @@ class _Columns:
         self.names: dict[str, int] = {}
         self.threads: dict[tuple[int | str, int | str], int] = {}
         self.stacks: dict[int, str] = {}
+        self.inputs: dict[int, OpInputs] = {}
+        # The same layer records the same inputs every step: one shared record per spelling.
+        self._seen_inputs: dict[tuple[bytes, bytes, bytes], OpInputs | None] = {}
         self.unknown: Counter[str] = Counter()
         self.blocks = array("q")
         self.threads_per_block = array("q")
@@ -244,6 +302,18 @@ class _Columns:
                 name = xs[i].name
                 if name in SYNC_RUNTIME_NAMES or name in SYNC_CONTEXT_OPS:
                     self.stacks[first_row + i] = a.call_stack
+        costed, seen = COSTED_OPS, self._seen_inputs
+        for i in [i for i, e in enumerate(xs) if e.name in costed]:
+            a = args[i]
+            if a is None or kinds[i] != _CPU_OP:
+                continue
+            key = (bytes(a.input_dims), bytes(a.input_type), bytes(a.concrete_inputs))
+            if key in seen:
+                inputs = seen[key]
+            else:
+                inputs = seen[key] = _op_inputs(a)
+            if inputs is not None:
+                self.inputs[first_row + i] = inputs
 
     def _add_gpu(self, e: _Event, a: _Args, kind: int) -> tuple[int, int, int]:
         """(stream, device, launch-table row) of a GPU event; records its launch arguments."""
@@ -304,6 +374,7 @@ class _Columns:
             threads=tuple((str(p), str(t)) for p, t in self.threads),
             launches=launches,
             stacks=dict(self.stacks),
+            inputs=dict(self.inputs),
         )
 
 

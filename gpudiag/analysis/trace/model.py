@@ -137,6 +137,20 @@ class LaunchTable:
     block: tuple[tuple[int, int, int] | None, ...]
 
 
+@dataclass(frozen=True)
+class OpInputs:
+    """What Kineto recorded about a costed operator's inputs (``record_shapes=True``).
+
+    One entry per input, in order: ``dims`` is () for a scalar, None or a tensor list (whose
+    dims are dropped); ``types`` and ``concrete`` are "" where not recorded. A field is None
+    when the trace has no such list, or a malformed one.
+    """
+
+    dims: tuple[tuple[int, ...], ...] | None
+    types: tuple[str, ...] | None
+    concrete: tuple[str, ...] | None
+
+
 @dataclass(frozen=True, eq=False)
 class Events:
     """Every complete event of one trace file as parallel arrays (one row per event).
@@ -159,6 +173,8 @@ class Events:
     threads: tuple[tuple[str, str], ...]
     launches: LaunchTable
     stacks: Mapping[int, str]  # event row -> "Call stack" arg, kept for sync events only
+    # event row -> input shapes, for the few operators the roofline can cost (COSTED_OPS)
+    inputs: Mapping[int, OpInputs] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])

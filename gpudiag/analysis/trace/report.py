@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.trace.breakdown import StreamIdle, TimeBreakdown
@@ -16,10 +16,14 @@ from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
 from gpudiag.analysis.trace.launches import LaunchStats
 from gpudiag.analysis.trace.model import DeviceProperties
 from gpudiag.analysis.trace.ranks import RankSummary
+from gpudiag.analysis.trace.shapes import GemmShape, ShapedOp, gemm_shapes
 from gpudiag.analysis.trace.steps import StepReport
 from gpudiag.analysis.trace.syncs import SyncEvent, SyncSite
 from gpudiag.analysis.trace.transfers import TransferStats
 from gpudiag.errors import TraceError
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.roofline import Roofline
 
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "span_us",
@@ -73,6 +77,7 @@ class RankReport:
     dataloader_share: float | None
     notes: tuple[str, ...]
     metadata: Mapping[str, Any]
+    shaped_ops: tuple[ShapedOp, ...] = ()  # outermost matmul/conv/attention calls in the window
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -273,6 +278,46 @@ class TraceReport:
     def comm_compute_overlap(self, rank: int | None = None) -> float | None:
         return self.rank(rank).comm_compute_overlap
 
+    def shaped_ops(self, rank: int | None = None) -> tuple[ShapedOp, ...]:
+        """Matmul, convolution and attention calls with their recorded input shapes (the
+        outermost of a nest: ``aten::linear``, not the ``aten::addmm`` inside it), in time order
+        per rank. Shapes are empty when the trace was recorded without ``record_shapes``."""
+        return tuple(op for r in self._selected(rank) for op in r.shaped_ops)
+
+    def gemm_shapes(self, rank: int | None = None) -> tuple[GemmShape, ...]:
+        """Matmul-like calls grouped by (operator, input shapes, dtype) with M, N, K and batch,
+        most GPU time first (host time on a CPU-only trace)."""
+        return gemm_shapes(self.shaped_ops(rank))
+
+    def roofline(self, system: Any = None, *, rank: int | None = None, **kw: Any) -> Roofline:
+        """``gd.roofline(system, ops=...)`` over the costed calls, timed by their kernels.
+
+        ``system`` defaults to the traced GPU's name (spec-table roofs). On a GPU trace a call's
+        duration is the GPU time of the kernels it launched (its own host time is launch time,
+        not work); calls whose kernels cannot be tied to them are left out, with a note.
+        ``kw`` go to ``gpudiag.analysis.roofline.roofline`` (``measured=``, ``dtype=``, ...).
+        """
+        from gpudiag.analysis.roofline import roofline
+
+        ops: list[ShapedOp] = []
+        untimed = 0
+        for r in self._selected(rank):
+            for op in r.shaped_ops:
+                if r.has_gpu_events and op.gpu_us is None:
+                    untimed += 1
+                else:
+                    ops.append(op)
+        if system is None and self.device_properties:
+            system = self.device_properties[0].name
+        result = roofline(system, ops=ops, **kw)
+        if untimed:
+            note = (
+                f"{untimed} operator calls left out: their kernels are not tied to them in the "
+                "trace, and their host time is launch time"
+            )
+            result = dataclasses.replace(result, notes=(*result.notes, note))
+        return result
+
     @property
     def device_properties(self) -> tuple[DeviceProperties, ...]:
         return self.ranks[0].devices
@@ -288,6 +333,7 @@ class TraceReport:
             "time_breakdown": jsonable(self.time_breakdown()),
             "dataloader_share": jsonable(self.dataloader_share),
             "tensor_core_share": jsonable(self.tensor_core_share),
+            "gemm_shapes": [g.to_dict() for g in self.gemm_shapes()],
             "comparison": [c.to_dict() for c in self.comparison],
             "stragglers": list(self.stragglers),
             "missing_ranks": list(self.missing_ranks),

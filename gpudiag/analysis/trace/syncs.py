@@ -25,11 +25,24 @@ _INTERNAL_FRAME = re.compile(
     r"[/\\]contextlib\.py|^typing\.py|[/\\]IPython[/\\]|^IPython[/\\]|[/\\]gpudiag[/\\]|"
     r"^gpudiag[/\\]|[/\\]lib[/\\]python3\.\d+[/\\]"
 )
+# gpudiag's own step driver (gd.diagnose, gd.compare): a sync reached through it before any
+# user frame was made by torch itself (an optimizer's ``.item()``), not by the user's code.
+_DRIVER_FRAME = re.compile(r"[/\\]gpudiag[/\\]|^gpudiag[/\\]")
 _MAX_RESOLVED = 5000  # call sites looked up per trace; more sync events are only counted
 
 
 def is_user_frame(frame: str) -> bool:
     return _INTERNAL_FRAME.search(frame.strip()) is None
+
+
+def _first_user_frame(frames: list[str]) -> str | None:
+    """The innermost user frame, or None when gpudiag's own frames come first."""
+    for frame in frames:
+        if _DRIVER_FRAME.search(frame.strip()):
+            return None
+        if frame and is_user_frame(frame):
+            return frame.strip()
+    return None
 
 
 @dataclass(frozen=True)
@@ -63,10 +76,7 @@ class SyncSite:
 
 def _from_call_stack(stack: str) -> str | None:
     # Kineto writes "Call stack" innermost frame first, frames separated by ";".
-    for frame in stack.split(";"):
-        if frame and is_user_frame(frame):
-            return frame.strip()
-    return None
+    return _first_user_frame(stack.split(";"))
 
 
 class _PythonFrames:
@@ -81,7 +91,6 @@ class _PythonFrames:
             for t in np.unique(threads).tolist():
                 r = rows[threads == t]
                 self.by_thread[t] = (r, events.ts[r], events.ts[r] + events.dur[r])
-        self.user: dict[int, bool] = {}
 
     def user_frame_at(self, thread: int, start: float, end: float) -> str | None:
         entry = self.by_thread.get(thread)
@@ -91,14 +100,8 @@ class _PythonFrames:
         enclosing = np.flatnonzero((ts <= start) & (ends >= end))
         names = self.events.names
         # Innermost first: the frame that started last.
-        for i in enclosing[np.argsort(-ts[enclosing], kind="stable")].tolist():
-            nid = int(self.events.name[rows[i]])
-            ok = self.user.get(nid)
-            if ok is None:
-                ok = self.user[nid] = is_user_frame(names[nid])
-            if ok:
-                return names[nid]
-        return None
+        order = enclosing[np.argsort(-ts[enclosing], kind="stable")].tolist()
+        return _first_user_frame([names[int(self.events.name[rows[i]])] for i in order])
 
 
 def find_syncs(
