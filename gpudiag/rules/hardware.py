@@ -1,21 +1,23 @@
 """Hardware health and configuration rules: lost GPUs, PCIe links, throttling, ECC, MIG, memory.
 
-Every rule reads only the system report (``gd.inspect()``, live or recorded) and is gated on
-what that report can tell: a reading that is N/A makes no finding, and an idle GPU is not
-blamed for the power saving it is supposed to do.
+Every rule reads the system report (``gd.inspect()``, live or recorded) and is gated on what
+that report can tell: a reading that is N/A makes no finding, and an idle GPU is not blamed for
+the power saving it is supposed to do. The profiling-counter rule also reads the driver setting
+that ``gpudiag.probe.runtime`` recorded, and the N/A reasons of monitor samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gpudiag.probe.dcgm import PROFILING_PERMISSION_FIX
 from gpudiag.probe.model import Gpu
 from gpudiag.probe.readings import Reading, Status
 from gpudiag.rules._facts import gib, gpu_label, is_busy, memory_used_fraction, source_of
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
 
 CATEGORY = "hardware"
 
@@ -75,28 +77,55 @@ def gpu_lost(evidence: EvidenceBundle) -> Iterator[Finding]:
             )
 
 
+def _pcie_width_finding(gpu: Gpu, width: int, width_max: int, src: str) -> Finding:
+    """A link narrower than its maximum: MEDIUM while the GPU is busy, INFO while it is idle.
+
+    nvidia-smi documents both the current generation and the current width as values that
+    "may be reduced when the GPU is not in use", and the maximum as the most "possible with
+    this GPU and system configuration" (a narrower slot shows up there). So an idle snapshot
+    cannot tell a power-saving downshift from a link that trained narrow; a busy one can.
+    """
+    items = (
+        Evidence("pcie.link.width.current", width, "lanes", src),
+        Evidence("pcie.link.width.max", width_max, "lanes", src),
+        Evidence(
+            "utilization.gpu", gpu.state.gpu_util_pct.get(), "%", source_of(gpu.state.gpu_util_pct)
+        ),
+    )
+    if is_busy(gpu):
+        return Finding(
+            "hw.pcie_width_degraded",
+            Severity.MEDIUM,
+            CATEGORY,
+            f"{gpu_label(gpu)} PCIe link runs at x{width} of x{width_max} while the GPU is busy: "
+            f"host<->GPU copies get {width / width_max:.0%} of the link's bandwidth",
+            items,
+            threshold="current PCIe link width < maximum width while utilization >= 10 %",
+            instruction="seat the card in a full-width slot, or check the BIOS lane "
+            "bifurcation / riser; this matters when the job copies data every step",
+        )
+    return Finding(
+        "hw.pcie_width_degraded",
+        Severity.INFO,
+        CATEGORY,
+        f"{gpu_label(gpu)} PCIe link at x{width} of x{width_max} while idle: the driver may "
+        "narrow an idle link; re-check under load",
+        items,
+        threshold="current PCIe link width < maximum width while utilization < 10 % (or N/A)",
+        instruction=f"run `gpudiag inspect` while the job runs: the link should be x{width_max}; "
+        "if it stays narrower, check the slot, riser and BIOS lane bifurcation",
+    )
+
+
 @rule("hw.pcie_link", category=CATEGORY, needs=("gpu",))
 def pcie_link(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """PCIe link narrower than the card's maximum, or (while busy) a lower generation."""
+    """PCIe link narrower or slower than its maximum while busy (idle downshifts are INFO)."""
     for gpu in _gpus(evidence):
         link = gpu.info.pcie
         width, width_max = link.width_current.get(), link.width_max.get()
         src = source_of(link.width_current)
         if width is not None and width_max is not None and width < width_max:
-            yield Finding(
-                "hw.pcie_width_degraded",
-                Severity.MEDIUM,
-                CATEGORY,
-                f"{gpu_label(gpu)} PCIe link runs at x{width} of x{width_max}: "
-                f"host<->GPU copies get {width / width_max:.0%} of the link's bandwidth",
-                (
-                    Evidence("pcie.link.width.current", width, "lanes", src),
-                    Evidence("pcie.link.width.max", width_max, "lanes", src),
-                ),
-                threshold="current PCIe link width < maximum width",
-                instruction="seat the card in a full-width slot, or check the BIOS lane "
-                "bifurcation / riser; this matters when the job copies data every step",
-            )
+            yield _pcie_width_finding(gpu, width, width_max, src)
         gen, gen_max = link.gen_current.get(), link.gen_max.get()
         if gen is None or gen_max is None or gen >= gen_max:
             continue
@@ -312,6 +341,89 @@ def persistence_off(evidence: EvidenceBundle) -> Iterator[Finding]:
             ),
             threshold="persistence mode disabled (Linux)",
             instruction="run the `nvidia-persistenced` daemon (or `sudo nvidia-smi -pm 1`)",
+        )
+
+
+def _no_permission_series(samples: Any) -> list[tuple[str, str]] | None:
+    """(series, reason) of monitor series that are N/A for lack of permission; None when the
+    samples carry no N/A reasons. ``samples`` is a Monitor (``na_reasons()``), its
+    ``to_dict()``, or a DataFrame whose ``attrs`` hold the same "na" map."""
+    if samples is None:
+        return None
+    if callable(getattr(samples, "na_reasons", None)):
+        rows = [
+            (f"{key.device}/{key.name}", getattr(status, "value", str(status)), reason)
+            for key, (status, reason) in samples.na_reasons().items()
+        ]
+    else:
+        table = samples if isinstance(samples, Mapping) else getattr(samples, "attrs", None)
+        na_map = table.get("na") if isinstance(table, Mapping) else None
+        if not isinstance(na_map, Mapping):
+            return None
+        rows = [(str(k), str(v[0]), str(v[1])) for k, v in na_map.items() if len(v) >= 2]
+    return [(name, reason) for name, status, reason in rows if status == Status.NO_PERMISSION.value]
+
+
+@rule("hw.profiling_counters", category=CATEGORY, needs=("gpu",))
+def profiling_counters(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """GPU performance counters limited to admin users (NVIDIA's ERR_NVGPUCTRPERM case)."""
+    blocked = _no_permission_series(evidence.samples)
+    runtime = evidence.runtime or {}
+    # The driver setting describes this machine: a recorded GPU is another machine's.
+    admin_only = None if evidence.system.is_recording else runtime.get("profiling_admin_only")
+    euid = runtime.get("euid")
+    setting = (
+        Evidence(
+            "RmProfilingAdminOnly",
+            int(admin_only),
+            source=str(runtime.get("profiling_params_path", "driver parameters")),
+        )
+        if admin_only is not None
+        else None
+    )
+    user = Evidence("effective uid", euid, source="this process") if euid is not None else None
+    context = tuple(e for e in (setting, user) if e is not None)
+    if blocked:
+        yield Finding(
+            "hw.profiling_counters_restricted",
+            Severity.LOW,
+            CATEGORY,
+            f"{len(blocked)} monitor series are N/A for lack of permission: what needs GPU "
+            "performance counters (SM and tensor activity) goes unmeasured",
+            (
+                Evidence(
+                    "series without permission",
+                    ", ".join(n for n, _ in blocked[:5]),
+                    source="monitor samples",
+                ),
+                Evidence("reason", blocked[0][1][:160], source="monitor samples"),
+                *context,
+            ),
+            threshold="monitor samples N/A with status NO_PERMISSION",
+            instruction=PROFILING_PERMISSION_FIX,
+        )
+        return
+    if admin_only is None:
+        if blocked is None:
+            why = (
+                "the recorded machine's RmProfilingAdminOnly driver setting"
+                if evidence.system.is_recording
+                else runtime.get("profiling_unknown")
+                or "the driver's RmProfilingAdminOnly setting (gpudiag.probe.runtime)"
+            )
+            yield NotEvaluated("hw.profiling_counters", str(why))
+        return
+    if admin_only and euid != 0:
+        yield Finding(
+            "hw.profiling_counters_restricted",
+            Severity.INFO,
+            CATEGORY,
+            "the driver lets only admin users read GPU performance counters and this process "
+            "is not root: Nsight Compute, DCGM profiling fields and SM/tensor activity in "
+            "gd.monitor will fail with ERR_NVGPUCTRPERM",
+            context,
+            threshold="RmProfilingAdminOnly = 1 and effective uid != 0",
+            instruction=PROFILING_PERMISSION_FIX,
         )
 
 

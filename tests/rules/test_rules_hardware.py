@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
 
+from gpudiag.monitoring import Monitor
+from gpudiag.probe.dcgm import PROFILING_PERMISSION_FIX
 from gpudiag.probe.model import Gpu, NvLink
 from gpudiag.probe.readings import Reading, Status, ok
 from gpudiag.probe.system import SystemReport, inspect
 from gpudiag.rules.engine import EvidenceBundle, run_rules
-from gpudiag.rules.finding import Severity
+from gpudiag.rules.finding import Finding, Severity
+from tests.conftest import FIXTURES
+from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
 
 
 def _report(fixtures_dir: Path, name: str) -> SystemReport:
@@ -49,13 +54,52 @@ def test_sw_power_cap_while_busy_is_medium(fixtures_dir: Path) -> None:
     assert "hw.power_capped_idle" not in dict(found)
 
 
-def test_t4_link_width_x8_of_x16(fixtures_dir: Path) -> None:
+def test_t4_link_width_x8_of_x16_while_idle_is_info(fixtures_dir: Path) -> None:
     diagnosis = run_rules(EvidenceBundle(system=_report(fixtures_dir, "tesla-t4.xml"), env={}))
     width = [f for f in diagnosis.findings if f.id == "hw.pcie_width_degraded"]
     assert len(width) == 1
-    assert "x8 of x16" in width[0].message
-    assert {e.value for e in width[0].evidence} == {8, 16}
+    assert width[0].severity is Severity.INFO
+    assert "x8 of x16 while idle" in width[0].message
+    values = {e.name: e.value for e in width[0].evidence}
+    assert (values["pcie.link.width.current"], values["pcie.link.width.max"]) == (8, 16)
+    assert values["utilization.gpu"] == 0.0
     assert "hw.pcie_gen_idle_downclock" not in diagnosis.ids()  # T4 runs at gen 3 of 3
+
+
+def test_idle_a10g_link_downshift_is_info_only(fixtures_dir: Path) -> None:
+    # The recorded AWS g5 A10G idles in P8 at gen 1 of 4 and x8 of x16.
+    found = _diagnose(_report(fixtures_dir, "a10g.xml"))
+    assert ("hw.pcie_width_degraded", "info") in found
+    assert ("hw.pcie_gen_idle_downclock", "info") in found
+    assert not [f for f in found if f[0].startswith("hw.pcie") and f[1] != "info"]
+
+
+def test_busy_a10g_on_a_narrow_slow_link_is_medium(fixtures_dir: Path) -> None:
+    system = _edit_gpu(_report(fixtures_dir, "a10g.xml"), state={"gpu_util_pct": ok(90.0)})
+    found = _diagnose(system)
+    assert ("hw.pcie_width_degraded", "medium") in found
+    assert ("hw.pcie_gen_degraded", "medium") in found
+    width = next(
+        f
+        for f in run_rules(EvidenceBundle(system=system, env={})).findings
+        if f.id == "hw.pcie_width_degraded"
+    )
+    assert "50% of the link's bandwidth" in width.message
+
+
+def test_width_with_utilization_na_is_not_blamed(fixtures_dir: Path) -> None:
+    unknown: Reading[float] = Reading(None, Status.NOT_SUPPORTED, "MIG")
+    system = _edit_gpu(_report(fixtures_dir, "tesla-t4.xml"), state={"gpu_util_pct": unknown})
+    assert ("hw.pcie_width_degraded", "info") in _diagnose(system)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (FIXTURES / "nvidia-smi-xml").glob("*.xml"))
+)
+def test_no_recorded_gpu_gets_more_than_info_for_its_link(fixtures_dir: Path, name: str) -> None:
+    # Every recording is idle except the RTX 3080 (v13) under load, whose link is at its maximum.
+    found = _diagnose(_report(fixtures_dir, name))
+    assert [f for f in found if f[0].startswith("hw.pcie") and f[1] != "info"] == []
 
 
 def test_a100_mig_is_info_and_persistence_off_is_low(fixtures_dir: Path) -> None:
@@ -155,3 +199,78 @@ def test_cuda_launch_blocking_is_high_and_ranked_first(fixtures_dir: Path) -> No
 def test_variables_set_to_off_are_ignored(value: str) -> None:
     diagnosis = run_rules(EvidenceBundle(env={"CUDA_LAUNCH_BLOCKING": value}))
     assert diagnosis.findings == ()
+
+
+# -- GPU performance counters reserved for admin users (ERR_NVGPUCTRPERM) -------------------
+
+
+def _live(system: SystemReport) -> SystemReport:
+    """The recording as if read live here, so this machine's driver setting applies to it."""
+    return dataclasses.replace(system, source="live")
+
+
+def _counters(system: SystemReport, runtime: dict, samples: object = None) -> object:
+    diagnosis = run_rules(
+        EvidenceBundle(system=system, runtime=runtime, samples=samples, env={}),
+        only=["hw.profiling_counters"],
+    )
+    found = [f for f in diagnosis.findings if f.id == "hw.profiling_counters_restricted"]
+    return found[0] if found else {n.rule: n.missing for n in diagnosis.not_evaluated}
+
+
+def test_admin_only_counters_for_a_non_root_process_are_info(fixtures_dir: Path) -> None:
+    system = _live(_report(fixtures_dir, "a10g.xml"))
+    runtime = {"profiling_admin_only": True, "euid": 1000, "profiling_params_path": "/proc/x"}
+    finding = _counters(system, runtime)
+    assert isinstance(finding, Finding)
+    assert finding.severity is Severity.INFO
+    assert "NVreg_RestrictProfilingToAdminUsers=0" in finding.instruction
+    assert "ERR_NVGPUCTRPERM" in finding.instruction
+    assert {(e.name, e.value) for e in finding.evidence} == {
+        ("RmProfilingAdminOnly", 1),
+        ("effective uid", 1000),
+    }
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [{"profiling_admin_only": True, "euid": 0}, {"profiling_admin_only": False, "euid": 1000}],
+)
+def test_root_or_open_counters_are_fine(fixtures_dir: Path, runtime: dict) -> None:
+    assert _counters(_live(_report(fixtures_dir, "a10g.xml")), runtime) == {}
+
+
+def test_unknown_setting_is_not_evaluated_with_the_reason(fixtures_dir: Path) -> None:
+    reason = "/proc/driver/nvidia/params does not exist (no NVIDIA driver loaded, or not Linux)"
+    live = _counters(_live(_report(fixtures_dir, "a10g.xml")), {"profiling_unknown": reason})
+    assert live == {"hw.profiling_counters": reason}
+    # This machine's setting says nothing about a recorded GPU.
+    recorded = _counters(_report(fixtures_dir, "a10g.xml"), {"profiling_admin_only": True})
+    assert "recorded machine" in recorded["hw.profiling_counters"]  # type: ignore[index]
+
+
+def _denied_monitor() -> Monitor:
+    clock = FakeClock()
+    feed = ScriptedFeed(
+        clock,
+        values=lambda n: [float(n), math.nan],
+        na=lambda n: {1: (Status.NO_PERMISSION, PROFILING_PERMISSION_FIX)},
+    )
+    monitor = Monitor(feed, interval=1.0, start=False, clock=clock)
+    monitor.tick()
+    return monitor
+
+
+def test_monitor_series_denied_permission_are_low(fixtures_dir: Path) -> None:
+    monitor = _denied_monitor()
+    recorded = _report(fixtures_dir, "a10g.xml")
+    for samples in (monitor, monitor.to_dict()):
+        finding = _counters(recorded, {}, samples)
+        assert isinstance(finding, Finding)
+        assert finding.severity is Severity.LOW
+        assert ("series without permission", "gpu0/throttled") in [
+            (e.name, e.value) for e in finding.evidence
+        ]
+    # The DataFrame alone carries no N/A reasons: the rule says it could not tell.
+    frame = _counters(recorded, {}, monitor.samples())
+    assert set(frame) == {"hw.profiling_counters"}  # type: ignore[arg-type]
