@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="profile a demo workload (gpt, mlp, cnn, input_bound) for a few steps",
     )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps of --workload (3)")
+    parser.add_argument(
+        "--no-scaling",
+        action="store_true",
+        help="skip timing the workload at 4x its batch (the per-step overhead rule)",
+    )
     parser.add_argument("--code", metavar="FILE", help="a Python file to scan for API misuse")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
@@ -49,7 +54,12 @@ def run(args: argparse.Namespace) -> int:
         raise GpuDiagError("--steps must be at least 1")
     system = inspect(replay=args.replay)
     diagnosis = diagnose(
-        workload=args.workload, trace=trace, system=system, code=code, steps=args.steps
+        workload=args.workload,
+        trace=trace,
+        system=system,
+        code=code,
+        steps=args.steps,
+        scaling=not args.no_scaling,
     )
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))

@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: the demo {DEMO!r})",
     )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (3)")
+    parser.add_argument(
+        "--no-scaling",
+        action="store_true",
+        help="skip timing the workload at 4x its batch (the per-step overhead rule)",
+    )
     parser.add_argument("--replay", metavar="FILE", help="a recorded machine (nvidia-smi XML)")
     parser.add_argument(
         "--no-widget",
@@ -57,7 +62,12 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     system = inspect(replay=args.replay)
     if args.trace:
         return diagnose(trace=args.trace, system=system)
-    diagnosis = diagnose(workload=_workload(args.workload, shell), system=system, steps=args.steps)
+    diagnosis = diagnose(
+        workload=_workload(args.workload, shell),
+        system=system,
+        steps=args.steps,
+        scaling=not args.no_scaling,
+    )
     if args.no_widget:
         return diagnosis
     from gpudiag.ui.diagnosis import DiagnosisView

@@ -10,10 +10,11 @@ from __future__ import annotations
 import copy
 import inspect as _inspect
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import (
     REGISTRY,
     Diagnosis,
@@ -51,6 +52,8 @@ def diagnose(
     *,
     steps: int = 3,
     env: Mapping[str, str] | None = None,
+    runtime: Mapping[str, Any] | None = None,
+    scaling: Any = True,
 ) -> Diagnosis:
     """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
 
@@ -60,6 +63,11 @@ def diagnose(
     is scanned when no ``code`` is given. ``trace``: a ``TraceReport`` or a trace file path.
     ``system``: a ``SystemReport`` (default: ``gd.inspect()``, which never raises).
     ``samples``: monitor samples. ``code``: source text to scan for API misuse.
+    ``runtime``: this process's torch switches and profiling-counter permission (default:
+    ``gpudiag.probe.runtime.runtime_state()``, read now).
+    ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
+    seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
+    ``BatchScaling`` is used as given.
     """
     if isinstance(workload, str):
         from gpudiag.workloads import get
@@ -77,15 +85,37 @@ def diagnose(
         trace = profile_workload(workload, steps=steps)
     if code is None and workload is not None:
         code = workload_source(workload)
+    if runtime is None:
+        from gpudiag.probe.runtime import runtime_state
+
+        runtime = runtime_state()
+    if scaling is True:
+        scaling = measure_batch_scaling(workload)
     evidence = EvidenceBundle(
         system=system,
         trace=trace,
         samples=samples,
         workload=workload,
         code=code,
+        runtime=runtime,
+        batch_scaling=scaling or None,
         env=dict(os.environ if env is None else env),
     )
     return run_rules(evidence)
+
+
+def measure_batch_scaling(workload: Any) -> Any:
+    """``batch_scaling`` of the workload when its batch can be resized (None otherwise, or
+    when the measurement itself fails: the rule then says it was not evaluated)."""
+    from gpudiag.experiment.batch_scaling import batch_scaling, can_scale
+
+    if workload is None or can_scale(workload) is not None:
+        return None
+    try:
+        return batch_scaling(workload)
+    except Exception as exc:  # a workload that breaks at another batch size is not our fault
+        warnings.warn(f"batch scaling not measured: {exc}", GpuDiagWarning, stacklevel=3)
+        return None
 
 
 def _step_function(workload: Any) -> Callable[[], Any]:

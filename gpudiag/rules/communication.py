@@ -12,6 +12,9 @@ CATEGORY = "communication"
 
 COMM_SHARE = 0.10  # torch-tb-profiler: "communication > 10 % of the step"
 LOW_OVERLAP = 0.50
+# Severity by the exposed (not overlapped) communication, as a share of the span.
+EXPOSED_HIGH = 0.20
+EXPOSED_MEDIUM = 0.05
 
 
 @rule("comm.exposed", category=CATEGORY, needs=("gpu_trace",))
@@ -31,7 +34,11 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     world = trace.ranks[0].world_size
     yield Finding(
         "comm.exposed",
-        Severity.HIGH if exposed >= 0.20 else Severity.MEDIUM,
+        Severity.HIGH
+        if exposed >= EXPOSED_HIGH
+        else Severity.MEDIUM
+        if exposed >= EXPOSED_MEDIUM
+        else Severity.LOW,
         CATEGORY,
         f"communication takes {comm / span:.0%} of the GPU's time and only "
         f"{(overlap or 0.0):.0%} of it overlaps compute",
@@ -45,7 +52,8 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
             ),
             Evidence("world size", world, source=src),
         ),
-        threshold=f"communication > {COMM_SHARE:.0%} of span and overlap < {LOW_OVERLAP:.0%}",
+        threshold=f"communication > {COMM_SHARE:.0%} of span and overlap < {LOW_OVERLAP:.0%} "
+        f"(exposed share: low < {EXPOSED_MEDIUM:.0%} <= medium < {EXPOSED_HIGH:.0%} <= high)",
         instruction="let DDP overlap gradient all-reduce with backward (bucket_cap_mb, "
         "gradient_as_bucket_view, no extra syncs in backward); with FSDP, prefetch the next "
         "all-gather (forward_prefetch / backward_prefetch); check the interconnect with "

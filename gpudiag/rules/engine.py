@@ -17,6 +17,8 @@ FAMILIES: tuple[str, ...] = (
     "environment",
     "input_pipeline",
     "precision",
+    "shapes",
+    "runtime",
     "launch",
     "sync",
     "memcpy",
@@ -36,8 +38,10 @@ NEEDS: dict[str, str] = {
     "gpu_trace": "a profiler trace with GPU kernels",
     "samples": "monitor samples (gd.monitor)",
     "code": "the workload's source code",
-    "runtime": "the process's torch settings",
+    "runtime": "the process's torch settings (gpudiag.probe.runtime)",
     "workload": "a workload (gd.Workload or a demo name)",
+    "batch_scaling": "step times at two batch sizes (gd.diagnose(workload) with a "
+    "batch=(batch_size -> batch) workload)",
 }
 
 
@@ -51,6 +55,7 @@ class EvidenceBundle:
     workload: Any = None  # gd.Workload
     code: str | None = None  # source text to scan for API misuse
     runtime: Mapping[str, Any] | None = None  # torch switches of this process
+    batch_scaling: Any = None  # gpudiag.experiment.batch_scaling.BatchScaling
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def has(self, need: str) -> bool:

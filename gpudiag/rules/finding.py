@@ -70,6 +70,12 @@ class Finding:
     rule: str = ""
 
     @property
+    def gain_text(self) -> str:
+        gain = self.estimated_gain or 0.0
+        share = f"{gain:.0%}" if gain >= 0.01 else "under 1%"
+        return f"up to {share} of the run (estimate)"
+
+    @property
     def next_step(self) -> str:
         if self.fix is not None:
             return f"try {self.fix}" + (f": {self.instruction}" if self.instruction else "")
@@ -97,7 +103,7 @@ class Finding:
         if self.threshold:
             out.append(f"    rule: {self.threshold}")
         if self.estimated_gain:
-            out.append(f"    gain: up to {self.estimated_gain:.0%} of the run (estimate)")
+            out.append(f"    gain: {self.gain_text}")
         if self.next_step:
             out.append(f"    next: {self.next_step}")
         return out
@@ -115,11 +121,7 @@ class Finding:
             f"<code>{esc(self.id)}</code>: {esc(self.message)}"
             f"<ul style='margin:2px 0'>{evidence}</ul>"
             + (f"<div>rule: {esc(self.threshold)}</div>" if self.threshold else "")
-            + (
-                f"<div>gain: up to {self.estimated_gain:.0%} of the run (estimate)</div>"
-                if self.estimated_gain
-                else ""
-            )
+            + (f"<div>gain: {esc(self.gain_text)}</div>" if self.estimated_gain else "")
             + (f"<div>next: {esc(self.next_step)}</div>" if self.next_step else "")
             + "</div>"
         )

@@ -60,19 +60,34 @@ def low_utilization(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     host = (b.get("idle_host_wait_us") or 0.0) / span
     src = trace_source(trace)
+    # Without ProfilerStep ranges the span is the whole capture, idle set-up included: the
+    # number is still true of the capture, but says less about the training step.
+    stepped = bool(trace.steps())
+    instruction = (
+        "the other findings say why the host is slow (input pipeline, syncs, launches); a "
+        "small batch also leaves the GPU idle"
+    )
+    if not stepped:
+        instruction = (
+            "the trace has no ProfilerStep ranges, so idle time outside the training loop "
+            "counts too: profile with a schedule and prof.step() to measure the steps; "
+            + instruction
+        )
     yield Finding(
         "gpu.low_utilization",
-        Severity.MEDIUM,
+        Severity.MEDIUM if stepped else Severity.LOW,
         "utilization",
-        f"the GPU runs kernels {busy:.0%} of the profiled time; it waits on the host {host:.0%}",
+        f"the GPU runs kernels {busy:.0%} of the profiled time; it waits on the host {host:.0%}"
+        + ("" if stepped else " (whole capture: no step ranges)"),
         (
             Evidence(
                 "kernel time (compute + communication)", round(100 * busy, 1), "% of span", src
             ),
             Evidence("idle waiting on the host", round(100 * host, 1), "% of span", src),
             Evidence("span", round(span / 1e3, 1), "ms", src),
+            Evidence("profiler steps", len(trace.steps()), source=src),
         ),
-        threshold=f"compute + communication < {LOW_UTILIZATION:.0%} of the profiled span",
-        instruction="the other findings say why the host is slow (input pipeline, syncs, "
-        "launches); a small batch also leaves the GPU idle",
+        threshold=f"compute + communication < {LOW_UTILIZATION:.0%} of the profiled span "
+        "(medium over profiler steps, low over a capture without steps)",
+        instruction=instruction,
     )

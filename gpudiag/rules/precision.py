@@ -107,6 +107,16 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     )
 
 
+def _reduced_precision_matmul_share(trace: Any) -> float | None:
+    """Share of the trace's matmul host time spent with bf16/fp16 inputs (None: no shapes)."""
+    shapes = getattr(trace, "gemm_shapes", None) if trace is not None else None
+    gemms = [g for g in shapes() if g.dtype is not None] if callable(shapes) else []
+    total = sum(g.cpu_us for g in gemms)
+    if total <= 0:
+        return None
+    return sum(g.cpu_us for g in gemms if g.dtype in {"bf16", "fp16"}) / total
+
+
 def _fp32_params(model: Any) -> bool:
     import torch
 
@@ -120,6 +130,9 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     workload = evidence.workload
     if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
         return
+    reduced = _reduced_precision_matmul_share(evidence.trace)
+    if reduced is not None and reduced >= 0.5:
+        return  # the step already autocasts: its matmuls ran in bf16/fp16
     host = evidence.system.host
     if not host.cpu_bf16_fast:
         return

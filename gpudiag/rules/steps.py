@@ -1,4 +1,4 @@
-"""Step rules: step-time outliers and straggler ranks in a trace."""
+"""Step rules: step-time outliers, straggler ranks, and steps dominated by a fixed cost."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ from collections.abc import Iterator
 
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
 
 CATEGORY = "steps"
 
 OUTLIER_RATIO = 1.5  # a step this much slower than the median is an outlier
 MIN_STEPS = 4
+# Share of a step that does not grow with the batch (from two measured batch sizes) above
+# which the batch is too small to amortise Python, launches and the optimizer.
+FIXED_SHARE = 0.5
+FIXED_SHARE_HIGH = 0.75
 
 
 @rule("steps.outliers", category=CATEGORY, needs=("trace",))
@@ -68,4 +72,55 @@ def stragglers(evidence: EvidenceBundle) -> Iterator[Finding]:
         threshold="the trace analysis' straggler test over per-rank GPU work",
         instruction="compare those ranks' kernels and input sizes with the others', and check "
         "their GPUs with gpudiag inspect (clocks, PCIe, temperature)",
+    )
+
+
+@rule("steps.per_step_overhead", category=CATEGORY, needs=("batch_scaling",))
+def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """The batch is so small that a fixed per-step cost (Python, launches, the optimizer)
+    dominates: a larger batch costs little more per step (SageMaker's BatchSize rule, measured
+    instead of inferred from utilization)."""
+    scaling = evidence.batch_scaling
+    share = scaling.fixed_share
+    if scaling.fixed_share_low < FIXED_SHARE:
+        return
+    b, big = scaling.batch_size, scaling.larger_batch_size
+    src = f"batch scaling ({len(scaling.rounds)} interleaved rounds, medians)"
+    severity = Severity.HIGH if share >= FIXED_SHARE_HIGH else Severity.MEDIUM
+    busy = []
+    if scaling.host_busy and evidence.workload.device_type == "cpu":
+        # Threads that wait for a descheduled sibling at every operator look like a fixed cost.
+        severity = Severity.LOW
+        busy = [
+            Evidence(
+                "host load average (busy: timings overstate the fixed cost)",
+                round(scaling.load_average, 2),
+                f"on {scaling.cpus} CPUs",
+                "os.getloadavg",
+            )
+        ]
+    yield Finding(
+        "steps.per_step_overhead",
+        severity,
+        CATEGORY,
+        f"{share:.0%} of a step at batch {b} is a fixed per-step cost: batch {big} takes "
+        f"{scaling.larger_step_s / scaling.step_s:.2f}x the time for {big // b}x the samples "
+        f"(samples/s x{scaling.throughput_gain:.2f})",
+        (
+            Evidence(f"step at batch {b}", round(scaling.step_s * 1e3, 3), "ms", src),
+            Evidence(f"step at batch {big}", round(scaling.larger_step_s * 1e3, 3), "ms", src),
+            Evidence("fixed share of the step", round(100 * share, 1), "%", src),
+            Evidence(
+                "lowest fixed share in a round", round(100 * scaling.fixed_share_low, 1), "%", src
+            ),
+            *busy,
+        ),
+        threshold=f"fixed share of the step >= {FIXED_SHARE:.0%} in every round (high >= "
+        f"{FIXED_SHARE_HIGH:.0%} at the medians; low when CPU timings were taken on a busy "
+        "host), from the line through the step times at two batch sizes",
+        fix=FixRef("batch.size", {"micro_batch": big}),
+        instruction=f"raise the micro-batch towards {big} (it ran here); to keep the "
+        "optimisation unchanged keep the global batch (fewer accumulation steps) or retune the "
+        "learning rate",
+        estimated_gain=None if busy else 1.0 - 1.0 / scaling.throughput_gain,
     )

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gpudiag.rules._facts import trace_source
+from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
 
 CATEGORY = "synchronisation"
+
+# On a CPU-only trace, host conversions made by the user's code this often per step are
+# reported (one ``loss.item()`` for logging is normal and stays quiet).
+CPU_MIN_PER_STEP = 2
 
 # What a user wrote, for each way a trace shows a host sync.
 _CAUSE = {
@@ -37,10 +41,13 @@ def _outermost(syncs: list[Any]) -> list[Any]:
     return out
 
 
-@rule("sync.host_sync", category=CATEGORY, needs=("gpu_trace",))
+@rule("sync.host_sync", category=CATEGORY, needs=("trace",))
 def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The host waits for the GPU inside the step (``.item()``, blocking copies, synchronize)."""
     trace = evidence.trace
+    if not trace.has_gpu_events:
+        yield from _host_conversions_on_cpu(trace)
+        return
     syncs = trace.syncs()
     if not syncs:
         return
@@ -92,5 +99,55 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         instruction="keep values on the GPU (accumulate losses as tensors, log every N steps), "
         "copy with non_blocking=True from pinned memory"
         + ("" if site else "; profile with with_stack=True to name the call site"),
+        estimated_gain=share,
+    )
+
+
+def _host_conversions_on_cpu(trace: Any) -> Iterator[Finding]:
+    """On a CPU-only trace nothing waits, but the calls that would wait on a GPU are recorded
+    with their call sites: report the ones the user's code makes, at their (small) CPU cost."""
+    steps = [s for s in trace.steps() if s.in_window]
+    step_numbers = {s.number for s in steps}
+    mine = [
+        s
+        for s in _outermost(list(trace.syncs()))
+        if s.call_site is not None and (not step_numbers or s.step in step_numbers)
+    ]
+    if not mine:
+        return
+    n_steps = max(1, len(steps))
+    per_step = len(mine) / n_steps
+    if per_step < CPU_MIN_PER_STEP:
+        return
+    window_us = sum(s.duration_us for s in steps) or float(span_us(trace) or 0.0)
+    cost_us = sum(s.duration_us for s in mine)
+    share = cost_us / window_us if window_us > 0 else 0.0
+    groups: dict[tuple[str | None, str], list[float]] = {}
+    for s in mine:
+        groups.setdefault((s.call_site, s.inside_op or s.name), []).append(s.duration_us)
+    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    (site, op), _calls = ranked[0]
+    src = trace_source(trace)
+    items = [
+        Evidence("host conversions per step", round(per_step, 1), source=src),
+        Evidence("their time on this CPU", round(100 * share, 2), "% of step time", src),
+    ]
+    items += [
+        Evidence(f"{s}: {o}", len(d), f"calls ({round(sum(d) / 1e3, 2)} ms)", src)
+        for (s, o), d in ranked[:3]
+    ]
+    yield Finding(
+        "sync.host_sync_in_step",
+        Severity.MEDIUM if share >= 0.05 else Severity.LOW,
+        CATEGORY,
+        f"the step turns tensors into host values {per_step:.0f}x per step, mostly "
+        f"{_CAUSE.get(op, f'`{op}`')} at {site}: cheap on this CPU ({share:.1%} of the step), "
+        "but on a GPU each one waits for the queue to drain",
+        tuple(items),
+        threshold=f">= {CPU_MIN_PER_STEP} host conversions per step from the user's code on a "
+        "CPU-only trace (medium when they take >= 5 % of the step here)",
+        fix=FixRef("sync.remove", {"call_site": site}),
+        instruction="keep values as tensors inside the step (accumulate, then log every N "
+        "steps with one .item()/.tolist())",
         estimated_gain=share,
     )

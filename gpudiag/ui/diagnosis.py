@@ -15,7 +15,8 @@ class DiagnosisView(widgets.VBox):
 
     A click runs ``diagnosis.try_fix(fix, **compare_options)`` (``gd.compare`` on the diagnosed
     workload, in isolated trials) and shows the comparison beside the finding. Without a
-    workload the buttons are disabled and say why.
+    workload, or for a fix gpudiag cannot apply live (advice, environment), the button is
+    disabled and says why.
     """
 
     def __init__(self, diagnosis: Any, **compare_options: Any) -> None:
@@ -44,10 +45,16 @@ class DiagnosisView(widgets.VBox):
             return card
         button = widgets.Button(description=f"Try {finding.fix}", icon="play")
         button.layout.width = "auto"
-        out = widgets.Output(layout=widgets.Layout(flex="1 1 40%"))
+        out = widgets.Output(layout=widgets.Layout(flex="1 1 40%", overflow="auto"))
+        blocker = finding.fix.to_fix().live_blocker()
         if self.diagnosis.workload is None:
             button.disabled = True
             button.tooltip = "no workload: run gd.diagnose(workload=...) to try fixes here"
+        elif blocker:
+            button.disabled = True
+            button.tooltip = blocker
+            with out:
+                print(blocker)
         button.on_click(lambda _b, i=index: self.try_finding(i))
         self.buttons.append(button)
         self.outputs.append(out)

@@ -163,7 +163,8 @@ def drawn_points(page: Any) -> int:
     return int(page.locator(".gpudiag-monitor").first.get_attribute("data-points") or 0)
 
 
-def run_monitor_notebook(lab: dict[str, Any], browser: Any, name: str, source: str) -> Any:
+def run_notebook(lab: dict[str, Any], browser: Any, name: str, source: str) -> Any:
+    """Open a one-cell notebook in JupyterLab and run it once the kernel is idle."""
     write_notebook(lab["root"], name, source)
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     # A workspace per notebook: JupyterLab would otherwise reopen the previous test's tabs.
@@ -179,6 +180,11 @@ def run_monitor_notebook(lab: dict[str, Any], browser: Any, name: str, source: s
         timeout=60_000,
     )
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    return page
+
+
+def run_monitor_notebook(lab: dict[str, Any], browser: Any, name: str, source: str) -> Any:
+    page = run_notebook(lab, browser, name, source)
     page.wait_for_selector(".gpudiag-monitor .gd-tile", timeout=60_000)
     page.wait_for_function(
         "() => Number(document.querySelector('.gpudiag-monitor').dataset.points) > 0",
@@ -235,4 +241,38 @@ def test_host_mode_without_a_gpu_is_alive(lab: dict[str, Any], browser: Any) -> 
     paused_rows = page.locator(".gpudiag-monitor").first.get_attribute("data-rows")
     time.sleep(1.0)
     assert page.locator(".gpudiag-monitor").first.get_attribute("data-rows") == paused_rows
+    page.close()
+
+
+DIAGNOSIS_CELL = """\
+import torch
+from gpudiag.rules import diagnose
+from gpudiag.ui.diagnosis import DiagnosisView
+from gpudiag.workloads import mlp
+torch.set_num_threads(1)
+d = diagnose(mlp.build(batch_size=2, in_features=32, hidden=64), steps=1, env={})
+DiagnosisView(d, time_budget_s=6.0, max_rounds=10)
+"""
+
+
+def test_diagnosis_try_it_button_runs_a_comparison(lab: dict[str, Any], browser: Any) -> None:
+    """The Try-it loop in a real browser: a tiny-batch workload is diagnosed, the batch.size
+    button is clicked, and the comparison appears beside the finding."""
+    import re
+
+    page = run_notebook(lab, browser, "diagnosis.ipynb", DIAGNOSIS_CELL)
+    page.wait_for_selector(".gpudiag-finding", timeout=120_000)
+    assert page.locator(".gpudiag-finding[data-id='steps.per_step_overhead']").count() == 1
+    button = page.locator("button.widget-button", has_text="Try batch.size").first
+    button.click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.widget-output')]"
+        ".some(o => o.innerText.includes('batch.size') && o.innerText.includes('samples/s'))",
+        timeout=120_000,
+    )
+    text = page.locator(".widget-output", has_text="samples/s").first.inner_text()
+    assert re.search(r"faster|slower|no significant difference", text), text
+    assert re.search(r"Try batch\.size.* again", button.inner_text())
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "diagnosis-try-it.png"), full_page=True)
     page.close()

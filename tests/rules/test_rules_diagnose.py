@@ -53,7 +53,8 @@ def test_diagnose_profiles_a_copy_of_the_model() -> None:
 
     workload = get("mlp")
     before = {k: v.clone() for k, v in workload.model.state_dict().items()}
-    diagnosis = diagnose(workload, steps=2, env={})
+    # Batch scaling has its own isolation test; here only the profile runs on a copy.
+    diagnosis = diagnose(workload, steps=2, env={}, scaling=False)
     after = workload.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert Severity.HIGH not in {f.severity for f in diagnosis.findings}
@@ -190,3 +191,9 @@ def test_try_fix_runs_compare_on_the_workload(monkeypatch: pytest.MonkeyPatch) -
     assert options["time_budget_s"] == 5.0
     with pytest.raises(GpuDiagError, match="no recommended fix number 9"):
         diagnosis.try_fix(9)
+
+
+def test_a_tiny_gain_reads_as_under_one_percent() -> None:
+    small = Finding("x", Severity.LOW, "c", "m", estimated_gain=0.003)
+    assert "gain: up to under 1% of the run" in repr(small)
+    assert "up to 30% of the run" in Finding("y", Severity.LOW, "c", "m", estimated_gain=0.3).html()

@@ -65,3 +65,24 @@ def test_a_user_error_is_shown_not_raised() -> None:
     view = DiagnosisView(diagnosis)
     assert view.try_finding(0) is None  # the real try_fix raises: no workload
     assert view.results == {}
+
+
+def test_a_fix_that_cannot_run_live_is_disabled_with_its_reason() -> None:
+    findings = (
+        Finding(
+            "sync.host_sync_in_step",
+            Severity.MEDIUM,
+            "synchronisation",
+            ".item() in the step",
+            fix=FixRef("sync.remove", {"call_site": "train.py(12): step"}),
+        ),
+        Finding("env.x", Severity.LOW, "environment", "x", fix=FixRef("allocator.config")),
+        Finding("batch", Severity.HIGH, "steps", "tiny batch", fix=FixRef("batch.size")),
+    )
+    view = DiagnosisView(Diagnosis(findings, (), (), (), workload=object()))
+    advice, env, batch = view.buttons
+    assert advice.disabled
+    assert "advice only" in advice.tooltip
+    assert env.disabled
+    assert "new process" in env.tooltip
+    assert not batch.disabled  # batch.size runs in trials
