@@ -28,6 +28,26 @@ _CAUSE = {
 }
 
 
+def gpu_idle_after_syncs(syncs: list[Any]) -> float:
+    """GPU idle time (us) the waits left, counted once where waits share a gap.
+
+    A wait costs the GPU the gap between running dry and its next work, but no more than the
+    wait itself: that is the run-ahead the host lost. A wait on an already idle GPU (the host
+    was the bottleneck) or one that ends while the GPU still runs other work costs nothing.
+    """
+    spans = [
+        (s.gpu_gap_start_us, s.gpu_gap_start_us + min(s.gpu_gap_us, s.duration_us))
+        for s in syncs
+        if s.gpu_gap_start_us is not None and s.gpu_gap_us > 0
+    ]
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def _outermost(syncs: list[Any]) -> list[Any]:
     """Drop sync calls made inside another recorded sync (``.item()`` -> its stream sync),
     so a wait is counted once."""
@@ -63,15 +83,19 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         groups.setdefault((s.call_site, s.inside_op or s.name), []).append(s.duration_us)
     ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     wait_us = sum(s.duration_us for s in in_step)
-    share = wait_us / window_us if window_us > 0 else 0.0
+    wait_share = wait_us / window_us if window_us > 0 else 0.0
+    idle_us = gpu_idle_after_syncs(in_step)
+    share = idle_us / window_us if window_us > 0 else 0.0
     (site, op), _durations = ranked[0]
     cause = _CAUSE.get(op, f"`{op}`")
     where = f" at {site}" if site else ""
     n_steps = max(1, len(steps))
     src = trace_source(trace)
     items = [
-        Evidence("host waits in the step", round(wait_us / 1e3, 2), "ms", src),
+        Evidence("GPU idle left by the waits", round(idle_us / 1e3, 3), "ms", src),
         Evidence("share of step time", round(100 * share, 2), "%", src),
+        Evidence("host waits in the step", round(wait_us / 1e3, 2), "ms", src),
+        Evidence("host waits, share of step time", round(100 * wait_share, 2), "%", src),
         Evidence("syncs per step", round(len(in_step) / n_steps, 1), source=src),
     ]
     items += [
@@ -91,10 +115,10 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         severity,
         CATEGORY,
         f"the host waits for the GPU {len(in_step) / n_steps:.0f}x per step, mostly in {cause}"
-        f"{where}: the GPU queue drains at each wait",
+        f"{where}: the GPU sits idle {share:.1%} of the step after the waits",
         tuple(items),
-        threshold="a host synchronisation inside a profiled step (low < 5 % of step time <= "
-        "medium < 15 % <= high)",
+        threshold="a host synchronisation inside a profiled step; severity by the GPU idle "
+        "time the waits leave (low < 5 % of step time <= medium < 15 % <= high)",
         fix=FixRef("sync.remove", {"call_site": site or op}),
         instruction="keep values on the GPU (accumulate losses as tensors, log every N steps), "
         "copy with non_blocking=True from pinned memory"

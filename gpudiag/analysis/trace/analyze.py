@@ -19,6 +19,7 @@ from gpudiag.analysis.trace.breakdown import (
     temporal,
 )
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
+from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
     KernelColumns,
     kernel_category,
@@ -113,7 +114,8 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
     )
     step_list = step_reports(ev, steps, g_all, n_steps_in_window)
-    syncs = find_syncs(ev, nesting, steps, window.host)
+    busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
+    syncs = find_syncs(ev, nesting, steps, window.host, busy)
 
     if not has_gpu:
         notes.append(

@@ -56,6 +56,17 @@ class SyncEvent:
     step: int | None  # ProfilerStep number
     inside_op: str | None  # the operator the call happened in (aten::item, aten::to, ...)
     call_site: str | None  # "train.py(42): step", from the stack when recorded
+    # The GPU's idle gap around the moment the wait ended (every stream idle): the queue
+    # drained while the host waited and refills only once it launches again. None on a
+    # CPU-only trace, or when the GPU was still busy (a wait on another stream).
+    gpu_gap_start_us: float | None = None
+    gpu_gap_end_us: float | None = None
+
+    @property
+    def gpu_gap_us(self) -> float:
+        if self.gpu_gap_start_us is None or self.gpu_gap_end_us is None:
+            return 0.0
+        return self.gpu_gap_end_us - self.gpu_gap_start_us
 
     def to_dict(self) -> dict[str, Any]:
         return fields_json(self)
@@ -104,10 +115,31 @@ class _PythonFrames:
         return _first_user_frame([names[int(self.events.name[rows[i]])] for i in order])
 
 
+def _gap_at(
+    busy: tuple[np.ndarray, np.ndarray] | None, start: float, end: float
+) -> tuple[float, float] | None:
+    """The GPU idle time a wait ``[start, end)`` left: from when the GPU ran dry (not before
+    the wait began: idle time before it is not the wait's doing) to the next GPU work."""
+    if busy is None or busy[0].size == 0:
+        return None
+    starts, ends = busy
+    i = int(np.searchsorted(starts, end, side="right")) - 1
+    if i >= 0 and ends[i] > end:
+        return None  # the GPU was still running something
+    if i + 1 >= starts.size or i < 0:
+        return None  # before the first or after the last GPU work: no gap to bound
+    return max(float(ends[i]), start), float(starts[i + 1])
+
+
 def find_syncs(
-    events: Events, nesting: Nesting, steps: tuple[Step, ...], host_mask: np.ndarray
+    events: Events,
+    nesting: Nesting,
+    steps: tuple[Step, ...],
+    host_mask: np.ndarray,
+    gpu_busy: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[SyncEvent, ...]:
-    """Sync calls and host-copy operators in the window, in time order."""
+    """Sync calls and host-copy operators in the window, in time order. ``gpu_busy``: the
+    merged busy intervals of the GPU (all streams), to find the idle gap each wait left."""
     sync_name_ids = np.array(
         [i for i, n in enumerate(events.names) if n in SYNC_RUNTIME_NAMES or n in SYNC_OP_NAMES],
         dtype=np.int32,
@@ -140,6 +172,7 @@ def find_syncs(
                     int(events.thread[row]), start, start + float(events.dur[row])
                 )
         s = int(step_idx[i])
+        gap = _gap_at(gpu_busy, float(events.ts[row]), float(events.ts[row] + events.dur[row]))
         out.append(
             SyncEvent(
                 name=name,
@@ -149,6 +182,8 @@ def find_syncs(
                 step=steps[s].number if s >= 0 else None,
                 inside_op=inside,
                 call_site=site,
+                gpu_gap_start_us=gap[0] if gap else None,
+                gpu_gap_end_us=gap[1] if gap else None,
             )
         )
     return tuple(out)
