@@ -425,7 +425,9 @@ def op_point(op: Any, *, default_dtype: str | None = None) -> RooflinePoint:
         raise ValueError("no duration")
     types = _field(op, "input_types", "Input type", "dtypes") or []
     concrete = _field(op, "concrete_inputs", "Concrete Inputs")
-    dtype = dtype_of(types, default_dtype)
+    # A record may know the dtype the work ran in better than its input types (autocast,
+    # fp32 matmuls that ran as TF32): ``compute_dtype`` then wins.
+    dtype = _field(op, "compute_dtype") or dtype_of(types, default_dtype)
     if name in MATMUL_OPS:
         flops, outputs, operands = _matmul_work(name, shapes)
     elif name in CONV_OPS:
@@ -434,7 +436,7 @@ def op_point(op: Any, *, default_dtype: str | None = None) -> RooflinePoint:
         flops, outputs, operands = _attention_work(shapes, concrete)
     else:
         raise ValueError("no FLOP formula for this op")
-    elem = DTYPE_BYTES.get(dtype or "fp32", 4)
+    elem = DTYPE_BYTES.get("fp32" if dtype == "tf32" else dtype or "fp32", 4)
     traffic = (sum(_prod(s) for s in operands if s) + outputs) * elem
     return RooflinePoint(name, flops, float(traffic), float(duration_us) * 1e-6, dtype, "trace")
 

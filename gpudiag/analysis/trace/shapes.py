@@ -108,6 +108,15 @@ class ShapedOp:
         return dtype_of(self.compute_types) or dtype_of(self.input_types)
 
     @property
+    def compute_dtype(self) -> str | None:
+        """``dtype``, but "tf32" for fp32 work whose kernels ran on tensor cores (the roofline
+        then compares it with the TF32 roof, not the fp32 one)."""
+        dtype = self.dtype
+        if dtype == "fp32" and self.tensor_core_us and self.gpu_us:
+            return "tf32" if self.tensor_core_us >= 0.5 * self.gpu_us else dtype
+        return dtype
+
+    @property
     def gemm(self) -> GemmDims | None:
         return gemm_dims(self.name, self.input_shapes) if self.name in MATMUL_OPS else None
 

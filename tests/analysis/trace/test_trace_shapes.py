@@ -319,3 +319,12 @@ def test_autocast_dtype_comes_from_the_op_that_did_the_work(tmp_path: Path) -> N
     assert "float" in [t.lower() for t in forward.input_types]  # before the autocast cast
     assert forward.dtype == "bf16"
     assert {g.dtype for g in report.gemm_shapes() if g.name == "aten::linear"} == {"bf16"}
+
+
+def test_fp32_work_on_tensor_cores_sits_under_the_tf32_roof(report_of: Report) -> None:
+    """The A100 control trace runs its fp32 matmuls as TF32: against the fp32 roof they would
+    sit above it (about 150 %); against the TF32 roof none does."""
+    result = report_of(A100_CONTROL).roofline()
+    assert {"tf32", "fp32"} <= {p.dtype for p in result.points}
+    efficiencies = [result.efficiency(p) for p in result.points]
+    assert all(e is not None and e <= 1.0 for e in efficiencies)
