@@ -17,6 +17,7 @@ from gpudiag.experiment.compare import compare
 from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.fixes import Fix, apply_fixes
 from gpudiag.fixes.dataloader import rebuild_loader
+from tests.experiment.test_compare_fake_clock import run
 
 FIXED_S, PER_SAMPLE_S = 0.008, 0.0005
 
@@ -42,18 +43,6 @@ def clocked_workload(clock: Any, batch_size: int = 4) -> Workload:
         batch_size=batch_size,
         name="clocked",
     )
-
-
-def run(clock: Any, system: Any, workload: Workload, fixes: list[Any], **kw: Any) -> Any:
-    options: dict[str, Any] = {
-        "system": system,
-        "clock": clock,
-        "progress": False,
-        "measure_memory": False,
-        "steps_per_sample": 1,
-        "min_rounds": 5,
-    }
-    return compare(workload, fixes, **{**options, **kw})
 
 
 def test_split_batch_cuts_nested_batches_along_dim_0() -> None:
@@ -107,7 +96,7 @@ def test_accumulation_that_keeps_the_batch_splits_it_and_keeps_the_loss(bf16_cpu
     assert arm.drift.loss_rel < 1e-5
 
 
-def test_batch_size_needs_gpudiags_own_step(fake_clock: Any, bf16_cpu: Any) -> None:
+def test_batch_size_needs_gpudiags_own_step() -> None:
     applied = apply_fixes(
         [Fix("batch.size", micro_batch=4)], nn.Linear(2, 2), skip_unsupported=True
     )
