@@ -10,6 +10,7 @@ is the fixed part, a bigger micro-batch is nearly free per step: samples/s rise 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import statistics
 import time
@@ -22,6 +23,10 @@ from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload
 from gpudiag.probe import cuda
+
+# A round times the small batch for at least this long (capped at MAX_STEPS steps).
+MIN_ROUND_S = 0.05
+MAX_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,7 @@ class BatchScaling:
         return self.larger_batch_size / self.batch_size
 
     def _share(self, t1: float, t2: float) -> float:
-        k = self.factor
-        return min(1.0, max(0.0, (k * t1 - t2) / ((k - 1) * t1)))
+        return _share(self.factor, t1, t2)
 
     @property
     def fixed_share(self) -> float:
@@ -97,6 +101,11 @@ class BatchScaling:
         )
 
 
+def _share(k: float, t1: float, t2: float) -> float:
+    """Fixed share of a step of ``t1`` seconds when ``k`` times the batch takes ``t2``."""
+    return min(1.0, max(0.0, (k * t1 - t2) / ((k - 1) * t1)))
+
+
 def can_scale(workload: Any) -> str | None:
     """None when ``batch_scaling`` can run on the workload, else why not."""
     if not isinstance(workload, Workload) or not workload.owns_step:
@@ -111,13 +120,19 @@ def batch_scaling(
     *,
     factor: int = 4,
     rounds: int = 3,
-    steps: int = 2,
+    steps: int | None = None,
+    stop_below: float | None = None,
     system: Any = None,
     clock: Callable[[], float] | None = None,
 ) -> BatchScaling:
-    """Time ``steps`` steps at the workload's batch and at ``factor`` times it, alternating for
+    """Time the step at the workload's batch and at ``factor`` times it, alternating for
     ``rounds`` rounds after one warm-up step each; medians per step. Runs on a deep copy of the
     model inside ``isolated()``. When the larger batch runs out of memory, factor 2 is tried.
+
+    ``steps`` per round and batch size: by default as many as make a round of the small batch
+    last ``MIN_ROUND_S`` (from its warm-up step; at least 1), so a 1 ms step is timed over many
+    steps and a 1 s step once. ``stop_below``: stop after a round whose fixed share is below it
+    (a caller that only asks "is the fixed share at least X in every round?" has its answer).
     ``clock``: seconds (default: CUDA events on a GPU, ``time.perf_counter`` on the CPU)."""
     why = can_scale(workload)
     if why is not None:
@@ -127,7 +142,7 @@ def batch_scaling(
     notes: list[str] = []
     for k in (factor, 2) if factor > 2 else (factor,):
         try:
-            return _measure(workload, k, rounds, steps, system, clock, notes)
+            return _measure(workload, k, rounds, steps, stop_below, system, clock, notes)
         except Exception as exc:
             if not cuda.is_oom_error(exc) or k == 2:
                 raise
@@ -140,7 +155,8 @@ def _measure(
     workload: Workload,
     k: int,
     rounds: int,
-    steps: int,
+    steps: int | None,
+    stop_below: float | None,
     system: Any,
     clock: Callable[[], float] | None,
     notes: list[str],
@@ -162,11 +178,17 @@ def _measure(
             arm.new_optimizer()
         arms[1].target.optimizer = arms[0].target.optimizer  # one state for one model
         try:
-            for arm in arms:
-                arm.timed(1, clock)  # warm-up: allocator, autotuning, lazy init
-            for _ in range(rounds):
+            # Warm-up: allocator, autotuning, lazy init; the small batch's step sizes a round.
+            warm = [arm.timed(1, clock) for arm in arms]
+            n = steps or max(1, min(MAX_STEPS, math.ceil(MIN_ROUND_S / max(warm[0], 1e-9))))
+            for r in range(rounds):
                 for i, arm in enumerate(arms):
-                    times[i].append(arm.timed(steps, clock))
+                    times[i].append(arm.timed(n, clock))
+                if stop_below is not None and _share(k, times[0][-1], times[1][-1]) < stop_below:
+                    if r + 1 < rounds:
+                        below = f"its fixed share is below {stop_below:.0%}"
+                        notes.append(f"stopped after round {r + 1}: {below}")
+                    break
         finally:
             for arm in arms:
                 arm.close()

@@ -111,8 +111,10 @@ def measure_batch_scaling(workload: Any) -> Any:
 
     if workload is None or can_scale(workload) is not None:
         return None
+    from gpudiag.rules.steps import FIXED_SHARE
+
     try:
-        return batch_scaling(workload)
+        return batch_scaling(workload, stop_below=FIXED_SHARE)
     except Exception as exc:  # a workload that breaks at another batch size is not our fault
         warnings.warn(f"batch scaling not measured: {exc}", GpuDiagWarning, stacklevel=3)
         return None

@@ -200,3 +200,12 @@ def test_noisy_rounds_lower_the_conservative_share() -> None:
     busy = BatchScaling(8, 32, 0.01, 0.012, ((0.01, 0.012),), load_average=5.0, cpus=2)
     assert busy.host_busy
     assert not s.host_busy
+
+
+def test_a_round_below_the_callers_threshold_ends_the_measurement(fake_clock: Any) -> None:
+    wl = clocked_workload(fake_clock, batch_size=64)  # the per-sample cost dominates
+    s = batch_scaling(wl, rounds=3, stop_below=0.5, clock=fake_clock)
+    assert len(s.rounds) == 1
+    assert "stopped after round 1" in s.notes[0]
+    # Without a threshold every round runs.
+    assert len(batch_scaling(wl, rounds=3, clock=fake_clock).rounds) == 3
