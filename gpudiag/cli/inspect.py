@@ -15,10 +15,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="report a recorded machine: `nvidia-smi -q -x` XML or a gpudiag JSON snapshot",
     )
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        action="append",
+        help="how the recorded GPUs connect: `nvidia-smi topo -m` output (repeat the option to "
+        "add `nvidia-smi topo -p2p r` output of the same machine)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    report = inspect(replay=args.replay)
+    report = inspect(replay=args.replay, topology=args.topology or None)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

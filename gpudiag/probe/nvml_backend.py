@@ -16,6 +16,8 @@ from gpudiag.probe.model import (
 )
 from gpudiag.probe.nvml import NvmlSession
 from gpudiag.probe.readings import Reading, Status, na, ok
+from gpudiag.probe.topology import Topology
+from gpudiag.probe.topology_nvml import from_nvml
 
 # Bit -> name, in nvidia-smi's spelling (``clocks_event_reason_<name>`` in ``nvidia-smi -q -x``).
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -85,6 +87,7 @@ class NvmlBackend:
         self.light = light
         self._infos: tuple[GpuInfo, ...] | None = None
         self._handles: dict[int, Reading[Any]] = {}
+        self._topology: tuple[Topology | None] | None = None
 
     # -- Backend protocol ---------------------------------------------------------------
     def gpu_count(self) -> Reading[int]:
@@ -113,6 +116,18 @@ class NvmlBackend:
 
     def close(self) -> None:
         """Nothing to release: the shared session lives as long as the process."""
+
+    def topology(self) -> Topology | None:
+        """How the GPUs connect (read once); None with fewer than two GPUs."""
+        if self._topology is None:
+            infos = self.gpu_infos()
+            if len(infos) < 2:
+                self._topology = (None,)
+            else:
+                handles = [self._handle(i.index) for i in infos]
+                found = from_nvml(self.session, [h.value if h.ok else None for h in handles])
+                self._topology = (found,)
+        return self._topology[0]
 
     # -- reading ------------------------------------------------------------------------
     def _handle(self, index: int) -> Reading[Any]:

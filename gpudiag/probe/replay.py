@@ -13,6 +13,7 @@ from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState, HostInfo, record_from_dict
 from gpudiag.probe.readings import Reading, ok
 from gpudiag.probe.smi_xml import parse_smi_xml
+from gpudiag.probe.topology import SOURCE_RECORDING, Topology
 
 SNAPSHOT_FORMAT = "gpudiag.snapshot"
 SNAPSHOT_VERSION = 1
@@ -36,12 +37,14 @@ class ReplayBackend:
         label: str,
         host: HostInfo | None = None,
         recorded_at: str = "",
+        topology: Topology | None = None,
     ) -> None:
         if len(infos) != len(states):
             raise ReplayError(f"recording has {len(infos)} GPUs but {len(states)} states")
         self.label = f"recording: {label}"
         self.host = host
         self.recorded_at = recorded_at
+        self._topology = topology
         self._driver = driver
         self._infos = infos
         self._states = states
@@ -87,6 +90,7 @@ class ReplayBackend:
             states = tuple(record_from_dict(GpuState, g["state"]) for g in gpus)
             driver = record_from_dict(DriverInfo, snapshot.get("driver", {}))
             host = record_from_dict(HostInfo, snapshot["host"]) if "host" in snapshot else None
+            topology = _recorded_topology(snapshot.get("topology"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(
                 f"snapshot {label} is malformed: {type(exc).__name__}: {exc}"
@@ -98,10 +102,15 @@ class ReplayBackend:
             label=label,
             host=host,
             recorded_at=str(snapshot.get("recorded_at", "")),
+            topology=topology,
         )
 
     def gpu_count(self) -> Reading[int]:
         return ok(len(self._infos), "replay")
+
+    def topology(self) -> Topology | None:
+        """The recorded topology (snapshots made since it was added), else None."""
+        return self._topology
 
     def driver(self) -> DriverInfo:
         return self._driver
@@ -115,3 +124,14 @@ class ReplayBackend:
 
     def close(self) -> None:
         return None
+
+
+def _recorded_topology(data: Any) -> Topology | None:
+    """The snapshot's topology (absent in older snapshots), its source marked as recorded."""
+    if data is None:
+        return None
+    topology = Topology.from_dict(data)
+    if topology.source.startswith(SOURCE_RECORDING):
+        return topology
+    recorded = f"{SOURCE_RECORDING} ({topology.source})" if topology.source else SOURCE_RECORDING
+    return dataclasses.replace(topology, source=recorded)

@@ -6,11 +6,12 @@ import dataclasses
 import datetime as _dt
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.errors import ReplayError
 from gpudiag.probe import cuda
 from gpudiag.probe.backend import Backend, default_backend
 from gpudiag.probe.cuda_map import match_cuda_indices
@@ -18,6 +19,7 @@ from gpudiag.probe.host import probe_host
 from gpudiag.probe.model import DriverInfo, Gpu, GpuInfo, HostInfo, record_from_dict
 from gpudiag.probe.readings import Reading, ok
 from gpudiag.probe.replay import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, ReplayBackend
+from gpudiag.probe.topology import Topology, load_topology
 
 _GIB = float(1 << 30)
 _MIB = float(1 << 20)
@@ -77,6 +79,8 @@ class SystemReport:
     recorded_at: str = ""
     cuda_mapping: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # How the GPUs connect; None with fewer than two GPUs or when nothing recorded it.
+    topology: Topology | None = None
 
     # -- questions other layers ask -------------------------------------------------------
     @property
@@ -156,8 +160,17 @@ class SystemReport:
             out.extend(_gpu_lines(gpu))
         if self.cuda_mapping and self.gpus:
             out.append(f"CUDA indices matched by {self.cuda_mapping}")
+        out.extend(self._topology_lines())
         out.extend(f"note: {n}" for n in self.notes)
         return out
+
+    def _topology_lines(self) -> list[str]:
+        if self.topology is not None:
+            first, *rest = self.topology.lines()
+            return [f"Topology {first} [{self.topology.source}]", *(f"         {r}" for r in rest)]
+        if len(self.gpus) >= 2:
+            return [f"Topology unknown: {_TOPOLOGY_HINT}"]
+        return []
 
     def __repr__(self) -> str:
         return "\n".join(self.lines())
@@ -191,9 +204,40 @@ class SystemReport:
             inner += html_grid(header, (_gpu_row(g) for g in self.gpus))
         else:
             inner += f"<p><b>No NVIDIA GPU.</b> {esc(self.no_gpu_reason)}</p>"
+        inner += _topology_html(self.topology, len(self.gpus))
         for note in self.notes:
             inner += f"<p style='opacity:.8'>note: {esc(note)}</p>"
         return card("gpudiag inspect", inner, subtitle=self.header())
+
+
+_TOPOLOGY_HINT = (
+    "record `nvidia-smi topo -m > topo.txt` on the machine and pass it with "
+    "gd.inspect(replay=..., topology='topo.txt') or `gpudiag inspect --topology topo.txt`"
+)
+
+
+def _topology_html(topology: Topology | None, gpu_count: int) -> str:
+    if topology is None:
+        if gpu_count < 2:
+            return ""
+        return f"<p><b>Topology</b> unknown: {esc(_TOPOLOGY_HINT)}</p>"
+    out = f"<p><b>Topology</b> {esc(topology.summary())} <i>({esc(topology.source)})</i></p>"
+    if topology.links:
+        names = [g.name for g in topology.gpus]
+        rows = [
+            [
+                g.name,
+                *(topology.links[i][j] for j in range(len(names))),
+                g.cpu_affinity or "N/A",
+                g.numa_affinity or "N/A",
+            ]
+            for i, g in enumerate(topology.gpus)
+        ]
+        grid = html_grid(["", *names, "CPU affinity", "NUMA"], rows)
+        out += f"<details><summary>link matrix</summary>{grid}</details>"
+    for line in topology.lines()[1:]:
+        out += f"<div style='opacity:.8'>{esc(line)}</div>"
+    return out
 
 
 def _cc(gpu: Gpu) -> str:
@@ -301,11 +345,15 @@ def inspect(
     backend: Backend | None = None,
     host: HostInfo | None = None,
     env: Mapping[str, str] | None = None,
+    topology: Topology | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
 ) -> SystemReport:
     """Report the host and the GPUs. Never raises for a missing driver, library or GPU.
 
     ``replay`` plays a recorded machine instead (``nvidia-smi -q -x`` XML, or a JSON snapshot
     from ``gpudiag inspect --json``); the report then says it is a recording.
+    ``topology`` gives how the GPUs connect when the backend cannot tell (an XML recording):
+    a ``Topology``, or the path(s) of recorded ``nvidia-smi topo -m`` and
+    ``nvidia-smi topo -p2p r`` output of the same machine.
     """
     if backend is None:
         backend = ReplayBackend.from_file(replay) if replay is not None else default_backend()
@@ -336,6 +384,7 @@ def inspect(
     bindings = getattr(getattr(backend, "session", None), "bindings_problem", None)
     if bindings:
         notes.append(bindings)
+    found_topology = _topology(backend, topology, len(infos))
     return SystemReport(
         host=host,
         gpus=tuple(Gpu(info, state) for info, state in zip(infos, states, strict=False)),
@@ -347,4 +396,29 @@ def inspect(
         or ("" if backend.is_recording else _dt.datetime.now().isoformat(timespec="seconds")),
         cuda_mapping=mapping_method,
         notes=tuple(notes),
+        topology=found_topology,
     )
+
+
+def _topology(
+    backend: Backend,
+    given: Topology | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None,
+    gpu_count: int,
+) -> Topology | None:
+    """The given topology (checked against the GPUs), else the backend's, if it has one."""
+    if given is None:
+        read = getattr(backend, "topology", None)
+        found = read() if callable(read) else None
+        return found if isinstance(found, Topology) and found.gpu_count >= 2 else None
+    if isinstance(given, Topology):
+        topology = given
+    elif isinstance(given, (str, os.PathLike)):
+        topology = load_topology(given)
+    else:
+        topology = load_topology(*given)
+    if topology.gpu_count != gpu_count:
+        raise ReplayError(
+            f"the topology describes {topology.gpu_count} GPUs but the report has {gpu_count}: "
+            "pass the `nvidia-smi -q -x` recording (replay=...) of the same machine"
+        )
+    return topology if gpu_count >= 2 else None

@@ -28,6 +28,7 @@ FAMILIES: tuple[str, ...] = (
     "steps",
     "utilization",
     "code",
+    "topology",
 )
 
 # What each kind of evidence is, in words (for "not evaluated: missing ...").

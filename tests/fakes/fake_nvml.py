@@ -8,10 +8,18 @@ reader of its own, independent of gpudiag's parser, so tests can check one again
 Knobs reproduce failure modes seen on real machines: an init error (no library, driver not
 loaded, version mismatch), a GPU lost at handle time, functions the driver lacks, per-function
 errors, every query failing, and sentinel values.
+
+Topology comes from recorded ``nvidia-smi topo -m`` (and ``topo -p2p r``) text: pair paths,
+NVLinks (to the peer GPU, or to NVSwitches when every pair shows the same NV# on a board of
+more than two GPUs), P2P status, CPU and NUMA affinity. Without such a recording the topology
+calls raise NOT_SUPPORTED, as on a single-GPU board. ``gpu_count`` copies the last recorded GPU
+(new UUID and PCI bus id) until the machine has that many, for multi-GPU topologies.
 """
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import re
 import types
 import xml.etree.ElementTree as ET
@@ -71,6 +79,58 @@ def _err(code: int) -> Exception:
     return real.NVMLError(code)
 
 
+# topo -m link label -> nvmlGpuTopologyLevel_t, and topo -p2p code -> nvmlGpuP2PStatus_t.
+TOPOLOGY_LEVELS = {
+    "PIX": real.NVML_TOPOLOGY_SINGLE,
+    "PXB": real.NVML_TOPOLOGY_MULTIPLE,
+    "PHB": real.NVML_TOPOLOGY_HOSTBRIDGE,
+    "NODE": real.NVML_TOPOLOGY_NODE,
+    "SYS": real.NVML_TOPOLOGY_SYSTEM,
+}
+P2P_STATUS = {
+    "OK": real.NVML_P2P_STATUS_OK,
+    "CNS": real.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED,
+    "GNS": real.NVML_P2P_STATUS_GPU_NOT_SUPPORTED,
+    "TNS": real.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED,
+    "DR": real.NVML_P2P_STATUS_DISABLED_BY_REGKEY,
+    "NS": real.NVML_P2P_STATUS_NOT_SUPPORTED,
+    "U": real.NVML_P2P_STATUS_UNKNOWN,
+}
+
+
+def read_matrix(path: str | Path) -> dict[str, dict[str, str]]:
+    """Rows of a recorded nvidia-smi matrix: row name -> {column name: cell}, split on spaces."""
+    lines = Path(path).read_text().splitlines()
+    start = next(n for n, line in enumerate(lines) if "GPU0" in line.split())
+    header = lines[start]
+    for words in ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID"):
+        header = header.replace(words, words.replace(" ", "-"))
+    columns = header.split()
+    rows: dict[str, dict[str, str]] = {}
+    for line in lines[start + 1 :]:
+        cells = line.split()
+        if not cells or cells[0] not in columns:
+            break
+        rows[cells[0]] = dict(zip(columns, cells[1:], strict=False))
+    return rows
+
+
+def _id_list(text: str) -> list[int]:
+    ids: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        ids.extend(range(int(low), int(high or low) + 1))
+    return ids
+
+
+def _bitmask(ids: list[int], words: int) -> Any:
+    mask = (ctypes.c_ulonglong * words)()
+    for n in ids:
+        if n // 64 < words:
+            mask[n // 64] |= 1 << (n % 64)
+    return mask
+
+
 class _Handle:
     """Opaque device handle, like ctypes' c_nvmlDevice_t."""
 
@@ -111,6 +171,9 @@ class FakeNvml(types.ModuleType):
         function_errors: dict[str, int] | None = None,
         every_query_raises: int | None = None,
         overrides: dict[str, Any] | None = None,
+        topology: str | Path | None = None,
+        p2p: str | Path | None = None,
+        gpu_count: int | None = None,
     ) -> None:
         super().__init__("pynvml")
         self.__file__ = real.__file__
@@ -119,6 +182,11 @@ class FakeNvml(types.ModuleType):
                 setattr(self, name, getattr(real, name))
         self.root = ET.parse(xml_path).getroot()
         self.gpus = self.root.findall("gpu")
+        self.topo = read_matrix(topology) if topology is not None else {}
+        self.p2p = read_matrix(p2p) if p2p is not None else {}
+        while len(self.gpus) < (gpu_count or len(self.topo) or len(self.p2p)):
+            self.gpus.append(self._copy_gpu(self.gpus[-1], len(self.gpus)))
+        self.nvlinks = self._nvlink_table()
         self.init_error = init_error
         self.handle_errors = handle_errors or {}
         self.driver_lacks = driver_lacks
@@ -156,6 +224,55 @@ class FakeNvml(types.ModuleType):
 
         call.__name__ = name
         return call
+
+    @staticmethod
+    def _copy_gpu(gpu: ET.Element, n: int) -> ET.Element:
+        clone = copy.deepcopy(gpu)
+        bus = f"00000000:{0x10 * (n + 1):02X}:00.0"
+        clone.set("id", bus)
+        for path, text in (
+            ("pci/pci_bus_id", bus),
+            ("uuid", f"GPU-00000000-0000-0000-0000-{n:012x}"),
+        ):
+            node = clone.find(path)
+            if node is not None:
+                node.text = text
+        return clone
+
+    def _bus_id(self, index: int) -> str:
+        try:
+            return _text(self.gpus[index], "pci/pci_bus_id")
+        except real.NVMLError:
+            return self.gpus[index].get("id", "")
+
+    def _nvlink_table(self) -> dict[int, list[tuple[str, int]]]:
+        """Per GPU, each active NVLink's remote (PCI bus id, nvmlNvLinkDeviceType)."""
+        counts = {
+            (int(row[3:]), int(col[3:])): int(cell[2:])
+            for row, cells in self.topo.items()
+            if row.startswith("GPU")
+            for col, cell in cells.items()
+            if col.startswith("GPU") and re.fullmatch(r"NV\d+", cell)
+        }
+        n = len(self.gpus)
+        table: dict[int, list[tuple[str, int]]] = {i: [] for i in range(n)}
+        if n > 2 and len(counts) == n * (n - 1) and len(set(counts.values())) == 1:
+            links = next(iter(counts.values()))  # NVSwitch board: every link goes to a switch
+            for i in table:
+                table[i] = [
+                    (f"00000000:{0xC0 + k % 6:02X}:00.0", real.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                    for k in range(links)
+                ]
+            return table
+        for (i, j), links in sorted(counts.items()):
+            table[i] += [(self._bus_id(j), real.NVML_NVLINK_DEVICE_TYPE_GPU)] * links
+        return table
+
+    def _column(self, h: _Handle, column: str) -> str:
+        value = self.topo.get(f"GPU{h.index}", {}).get(column, "N/A")
+        if value == "N/A":
+            raise _err(real.NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     # -- lifecycle ------------------------------------------------------------------------
     def _nvmlInitWithFlags(self, flags: int) -> None:
@@ -326,8 +443,60 @@ class FakeNvml(types.ModuleType):
     def _nvmlDeviceGetMaxPcieLinkWidth(self, h: _Handle) -> int:
         return self._link(h, "link_widths/max_link_width")
 
+    def _link_of(self, h: _Handle, link: int) -> tuple[str, int]:
+        links = self.nvlinks.get(h.index, [])
+        if not links:
+            raise _err(real.NVML_ERROR_NOT_SUPPORTED)  # no NVLink on this board
+        if not 0 <= link < len(links):
+            raise _err(real.NVML_ERROR_INVALID_ARGUMENT)  # past the board's last link
+        return links[link]
+
     def _nvmlDeviceGetNvLinkState(self, h: _Handle, link: int) -> int:
-        raise _err(real.NVML_ERROR_NOT_SUPPORTED)  # none of the recorded boards use NVLink
+        self._link_of(h, link)
+        return real.NVML_FEATURE_ENABLED
+
+    def _nvmlDeviceGetNvLinkRemotePciInfo(self, h: _Handle, link: int) -> Any:
+        pci = real.nvmlPciInfo_t()
+        pci.busId = self._link_of(h, link)[0].encode()
+        return pci
+
+    def _nvmlDeviceGetNvLinkRemoteDeviceType(self, h: _Handle, link: int) -> int:
+        return self._link_of(h, link)[1]
+
+    def _nvmlDeviceGetNvLinkVersion(self, h: _Handle, link: int) -> int:
+        self._link_of(h, link)
+        raise _err(real.NVML_ERROR_NOT_SUPPORTED)  # not in the recordings
+
+    # -- topology ---------------------------------------------------------------------------
+    def _nvmlDeviceGetTopologyCommonAncestor(self, h1: _Handle, h2: _Handle) -> int:
+        if not self.topo:
+            raise _err(real.NVML_ERROR_NOT_SUPPORTED)
+        if h1.index == h2.index:
+            raise _err(real.NVML_ERROR_INVALID_ARGUMENT)
+        cell = self.topo[f"GPU{h1.index}"][f"GPU{h2.index}"]
+        if cell.startswith("NV"):
+            # topo -m hides the PCIe path of an NVLink pair: same CPUs -> one NUMA node.
+            same = self._column(h1, "CPU-Affinity") == self._column(h2, "CPU-Affinity")
+            return real.NVML_TOPOLOGY_NODE if same else real.NVML_TOPOLOGY_SYSTEM
+        return TOPOLOGY_LEVELS[cell]
+
+    def _nvmlDeviceGetP2PStatus(self, h1: _Handle, h2: _Handle, index: int) -> int:
+        if not isinstance(index, int):  # what ctypes says when handed e.g. a tuple
+            raise ctypes.ArgumentError(
+                "argument 3: TypeError: Don't know how to convert parameter 3"
+            )
+        if not self.p2p:
+            raise _err(real.NVML_ERROR_NOT_SUPPORTED)
+        return P2P_STATUS[self.p2p[f"GPU{h1.index}"][f"GPU{h2.index}"]]
+
+    def _nvmlDeviceGetCpuAffinity(self, h: _Handle, cpu_set_size: int) -> Any:
+        return _bitmask(_id_list(self._column(h, "CPU-Affinity")), cpu_set_size)
+
+    def _nvmlDeviceGetMemoryAffinity(self, h: _Handle, node_set_size: int, scope: int) -> Any:
+        return _bitmask(_id_list(self._column(h, "NUMA-Affinity")), node_set_size)
+
+    def _nvmlDeviceGetNumaNodeId(self, h: _Handle) -> int:
+        return int(self._column(h, "GPU-NUMA-ID"))
 
     def _nvmlDeviceGetVirtualizationMode(self, h: _Handle) -> int:
         mode = _text(h.el, "gpu_virtualization_mode/virtualization_mode")

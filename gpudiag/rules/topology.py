@@ -1,0 +1,334 @@
+"""Topology rules: GPU pairs without a direct path, uneven NVLink, and CPU pinning far from the GPU.
+
+Every rule reads ``SystemReport.topology`` (live NVML, or recorded ``nvidia-smi topo -m`` /
+``topo -p2p r`` text). On a multi-GPU system whose topology is unknown the rules say so
+(not evaluated) instead of passing. Facts cited:
+
+- NCCL environment variables, https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html:
+  NCCL_P2P_LEVEL takes LOC, NVL, PIX, PXB, PHB or SYS, "the maximum distance between GPUs where
+  NCCL will use the P2P transport"; when it is not set NCCL picks a value for the platform. The
+  SHM transport (NCCL_SHM_DISABLE) "is used between devices when peer-to-peer cannot happen,
+  therefore, host memory is used".
+- NCCL troubleshooting, https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html:
+  IO virtualization (VT-d / IOMMU) with PCI ACS enabled can redirect all PCI point-to-point
+  traffic to the CPU root complex; `sudo lspci -vvv | grep ACSCtl` shows "SrcValid+" where ACS
+  is on; it is switched off in the BIOS (VT-d / IO virtualization) or with setpci.
+- torchrun ``--numa-binding=node`` (PyTorch 2.9+, https://docs.pytorch.org/docs/main/elastic/numa.html)
+  binds each worker to the CPUs of the NUMA node of its GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpudiag.probe.topology import (
+    P2P_UNSUPPORTED,
+    GpuPlacement,
+    Topology,
+    format_cpulist,
+    parse_cpulist,
+)
+from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity
+
+CATEGORY = "topology"
+SHOWN_PAIRS = 6  # pairs listed as evidence; the count says how many there are in all
+
+_UNKNOWN = (
+    "the GPU topology (live NVML, or `nvidia-smi topo -m` output passed as "
+    "gd.inspect(replay=..., topology=...))"
+)
+_ORDER = "CUDA_DEVICE_ORDER=PCI_BUS_ID"  # makes CUDA indices follow nvidia-smi's (PCI) order
+
+
+def _topology(evidence: EvidenceBundle, rule_id: str) -> Iterator[Topology | NotEvaluated]:
+    """The topology to judge; NotEvaluated on a multi-GPU system without one; none for one GPU."""
+    system = evidence.system
+    topology = getattr(system, "topology", None)
+    if topology is not None:
+        yield topology
+    elif len(system.gpus) >= 2:
+        yield NotEvaluated(rule_id, _UNKNOWN)
+
+
+def _pair_name(topology: Topology, i: int, j: int) -> str:
+    return f"{topology.gpus[i].name}-{topology.gpus[j].name}"
+
+
+def _pair_evidence(
+    topology: Topology, pairs: list[tuple[int, int]], *, with_p2p: bool
+) -> tuple[Evidence, ...]:
+    items = []
+    for i, j in pairs[:SHOWN_PAIRS]:
+        value = topology.link(i, j).label
+        if with_p2p:
+            value += f", P2P {topology.p2p_status(i, j) or 'unknown'}"
+        items.append(Evidence(_pair_name(topology, i, j), value, source=topology.source))
+    total = sum(1 for _ in topology.pairs())
+    items.append(Evidence("pairs affected", len(pairs), f"of {total}", topology.source))
+    return tuple(items)
+
+
+def _near_group(topology: Topology) -> tuple[int, ...]:
+    """The largest set of GPUs with no SYS pair among them (one NUMA node when known)."""
+    groups = list(topology.numa_groups().values())
+    if not groups:
+        parent = list(range(topology.gpu_count))
+
+        def root(n: int) -> int:
+            while parent[n] != n:
+                n = parent[n]
+            return n
+
+        for i, j in topology.pairs():
+            if topology.link(i, j).label not in ("SYS", "?"):
+                parent[root(j)] = root(i)
+        by_root: dict[int, list[int]] = {}
+        for n in range(topology.gpu_count):
+            by_root.setdefault(root(n), []).append(n)
+        groups = [tuple(g) for g in by_root.values()]
+    best = max(groups, key=len)
+    return tuple(topology.gpus[n].index for n in best)
+
+
+def _visible(indices: tuple[int, ...]) -> str:
+    return f"{_ORDER} CUDA_VISIBLE_DEVICES={','.join(str(n) for n in indices)}"
+
+
+@rule("topo.host_path", category=CATEGORY, needs=("gpu",))
+def host_path(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """GPU pairs without P2P, or only across the CPU socket interconnect (SYS)."""
+    for topology in _topology(evidence, "topo.host_path"):
+        if isinstance(topology, NotEvaluated):
+            yield topology
+            return
+        yield from _no_p2p(topology)
+        yield from _cross_socket(topology)
+        unknown = [
+            (i, j)
+            for i, j in topology.pairs()
+            if not topology.link(i, j).is_nvlink and topology.p2p_status(i, j) is None
+        ]
+        if (
+            topology.links
+            and unknown
+            and not any(topology.link(i, j).label == "SYS" for i, j in unknown)
+        ):
+            yield NotEvaluated(
+                "topo.host_path",
+                "the P2P status of the PCIe GPU pairs (live NVML, or `nvidia-smi topo -p2p r` "
+                "output passed with topology=)",
+            )
+
+
+def _no_p2p(topology: Topology) -> Iterator[Finding]:
+    pairs = [(i, j) for i, j in topology.pairs() if topology.p2p_status(i, j) in P2P_UNSUPPORTED]
+    if not pairs:
+        return
+    codes = sorted({str(topology.p2p_status(i, j)) for i, j in pairs})
+    yield Finding(
+        "topo.p2p_unsupported",
+        Severity.MEDIUM,
+        CATEGORY,
+        f"{len(pairs)} GPU pair{'s' if len(pairs) != 1 else ''} cannot reach each other's "
+        f"memory directly (P2P {'/'.join(codes)}): NCCL collectives and peer copies between "
+        "them go through host memory",
+        _pair_evidence(topology, pairs, with_p2p=True),
+        threshold="nvidia-smi topo -p2p r status CNS, GNS, TNS, NS or DR for a GPU pair",
+        instruction="CNS = the chipset, GNS = the GPU, TNS = the PCIe topology does not allow "
+        "P2P (`nvidia-smi topo -p2p r` shows it per pair). On PCIe boards, NCCL's "
+        "troubleshooting guide names IO virtualization (VT-d/IOMMU) with PCI ACS as a cause "
+        "that redirects peer traffic to the CPU: check `sudo lspci -vvv | grep ACSCtl` "
+        "(SrcValid+ = ACS on) and switch VT-d / ACS off in the BIOS where the machine allows it. "
+        "For one job, use GPUs whose pairs show OK "
+        f"({_ORDER} CUDA_VISIBLE_DEVICES=...), or NVLink-joined GPUs",
+    )
+
+
+def _cross_socket(topology: Topology) -> Iterator[Finding]:
+    pairs = [
+        (i, j)
+        for i, j in topology.pairs()
+        if topology.link(i, j).label == "SYS" and topology.p2p_status(i, j) not in P2P_UNSUPPORTED
+    ]
+    if not pairs:
+        return
+    p2p_ok = all(topology.p2p_status(i, j) == "OK" for i, j in pairs)
+    group = _near_group(topology)
+    keep = (
+        f"keep a job's GPUs on one socket: {_visible(group)} (no SYS pair among them)"
+        if len(group) >= 2
+        else "keep a job's GPUs on one socket"
+    )
+    yield Finding(
+        "topo.cross_socket",
+        Severity.LOW if p2p_ok else Severity.MEDIUM,
+        CATEGORY,
+        f"{len(pairs)} GPU pair{'s' if len(pairs) != 1 else ''} connect only across the CPU "
+        "socket interconnect (SYS)"
+        + (
+            ": P2P works, but every transfer crosses QPI/UPI"
+            if p2p_ok
+            else ": unless NCCL uses P2P at that distance, their traffic goes through host memory"
+        ),
+        _pair_evidence(topology, pairs, with_p2p=bool(topology.p2p)),
+        threshold="nvidia-smi topo -m link SYS between two GPUs (low when P2P is known OK)",
+        instruction=f"{keep}. NCCL_P2P_LEVEL sets the farthest path NCCL still uses P2P on "
+        "(LOC, NVL, PIX, PXB, PHB, SYS; NCCL picks one for the platform when unset): "
+        "measure with gd.bench.allreduce before and after changing it",
+    )
+
+
+@rule("topo.nvlink_asymmetric", category=CATEGORY, needs=("gpu",))
+def nvlink_asymmetric(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """On an NVLink machine, some GPU pairs have fewer NVLinks than others, or none."""
+    for topology in _topology(evidence, "topo.nvlink_asymmetric"):
+        if isinstance(topology, NotEvaluated):
+            yield topology
+            return
+        if not topology.has_nvlink:
+            return
+        pairs = list(topology.pairs())
+        nv = [(i, j) for i, j in pairs if topology.link(i, j).is_nvlink]
+        without = [(i, j) for i, j in pairs if topology.link(i, j).label not in ("?",)]
+        without = [p for p in without if p not in nv]
+        most = max(topology.link(i, j).nvlinks for i, j in nv)
+        fewer = [(i, j) for i, j in nv if topology.link(i, j).nvlinks < most]
+        counts = ", ".join(f"{n} {label}" for label, n in sorted(topology.link_counts().items()))
+        if fewer:
+            yield _fewer_links(topology, fewer, most, counts, all_nvlink=not without)
+        if without:
+            yield _partial_nvlink(topology, without, nv, counts)
+
+
+def _fewer_links(
+    topology: Topology, fewer: list[tuple[int, int]], most: int, counts: str, *, all_nvlink: bool
+) -> Finding:
+    return Finding(
+        "topo.nvlink_uneven",
+        Severity.MEDIUM if all_nvlink else Severity.LOW,
+        CATEGORY,
+        f"{len(fewer)} GPU pair{'s' if len(fewer) != 1 else ''} have fewer NVLinks than the "
+        f"best-connected pair (NV{most})"
+        + (
+            ": on a board where every pair has NVLink, a short pair usually means a link is down"
+            if all_nvlink
+            else ""
+        ),
+        (
+            *_pair_evidence(topology, fewer, with_p2p=False),
+            Evidence("pairs by link", counts, source=topology.source),
+        ),
+        threshold="NVLink count of a GPU pair below the highest pair's (medium when every "
+        "pair has NVLink)",
+        instruction="`nvidia-smi nvlink --status` lists each link's state and speed per GPU: "
+        "a link that is down needs a GPU reset, a reboot or service. Some boards mix link "
+        "counts by design (DGX-1 with V100: NV1 and NV2); there, keep the ranks that exchange "
+        "the most (tensor-parallel groups) on the best-linked GPUs",
+    )
+
+
+def _partial_nvlink(
+    topology: Topology, without: list[tuple[int, int]], nv: list[tuple[int, int]], counts: str
+) -> Finding:
+    joined = sorted({n for pair in nv for n in pair})
+    indices = tuple(topology.gpus[n].index for n in joined)
+    return Finding(
+        "topo.nvlink_partial",
+        Severity.LOW,
+        CATEGORY,
+        f"NVLink joins {len(nv)} of {len(nv) + len(without)} GPU pairs; the others use "
+        "PCIe or the CPU: a collective over all GPUs runs at the pace of its slowest hop",
+        (
+            *_pair_evidence(topology, without, with_p2p=bool(topology.p2p)),
+            Evidence("pairs by link", counts, source=topology.source),
+        ),
+        threshold="an NVLink machine with GPU pairs that have no NVLink",
+        instruction="keep the ranks that exchange the most (tensor-parallel groups) on "
+        f"NVLink-joined GPUs (here GPU {format_cpulist(indices)}; select them with "
+        f"{_ORDER} CUDA_VISIBLE_DEVICES=...), and data-parallel traffic across the rest",
+    )
+
+
+@rule("topo.cpu_affinity", category=CATEGORY, needs=("gpu",))
+def cpu_affinity(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """This process runs on CPUs outside the primary GPU's CPU affinity (another NUMA node)."""
+    system = evidence.system
+    for topology in _topology(evidence, "topo.cpu_affinity"):
+        if isinstance(topology, NotEvaluated):
+            yield topology
+            return
+        if system.is_recording or not topology.process_cpus:
+            yield NotEvaluated(
+                "topo.cpu_affinity", "this process's CPU affinity (read on a live system only)"
+            )
+            return
+        gpu = system.primary_gpu
+        placement = topology.placement(gpu.info.index) if gpu is not None else None
+        if placement is None or placement.cpus is None:
+            yield NotEvaluated("topo.cpu_affinity", "the primary GPU's CPU affinity (NVML)")
+            return
+        yield from _affinity_finding(topology, placement, gpu.info.cuda_index)
+
+
+def _affinity_finding(
+    topology: Topology, placement: GpuPlacement, cuda_index: int | None
+) -> Iterator[Finding]:
+    gpu_name = placement.name
+    near = placement.cpus or frozenset()
+    allowed = parse_cpulist(topology.process_cpus)
+    every_gpu_cpu = frozenset().union(*(g.cpus or frozenset() for g in topology.gpus))
+    outside = allowed - near
+    if not outside:
+        return
+    numa = placement.numa_affinity
+    label = f"{gpu_name}" + (f" (cuda:{cuda_index})" if cuda_index is not None else "")
+    items = (
+        Evidence("process CPU affinity", topology.process_cpus, source="os.sched_getaffinity"),
+        Evidence(f"{gpu_name} CPU affinity", placement.cpu_affinity, source=topology.source),
+        Evidence(f"{gpu_name} NUMA node", numa or "unknown", source=topology.source),
+    )
+    bind = (
+        f"`numactl --cpunodebind={numa} --membind={numa} python train.py`, or under torchrun "
+        "(PyTorch 2.9+) `torchrun --numa-binding=node ...`, which binds each worker to the "
+        "NUMA node of its GPU"
+        if numa
+        else f"`taskset -c {placement.cpu_affinity} python train.py`"
+    )
+    if not allowed & near:
+        yield Finding(
+            "topo.cpu_affinity_remote",
+            Severity.MEDIUM,
+            CATEGORY,
+            f"this process is pinned to CPUs {topology.process_cpus}, none of them near "
+            f"{label}: copies between its host memory and the GPU cross the socket "
+            "interconnect",
+            items,
+            threshold="process CPU affinity disjoint from the primary GPU's CPU affinity",
+            instruction=f"start it on the GPU's own CPUs: {bind}",
+        )
+    elif allowed >= every_gpu_cpu:
+        if len({g.cpu_affinity for g in topology.gpus if g.cpu_affinity}) < 2:
+            return
+        yield Finding(
+            "topo.cpu_affinity_unpinned",
+            Severity.INFO,
+            CATEGORY,
+            f"this process may run on every CPU ({len(allowed)}), "
+            f"{len(outside)} of them on another NUMA node than {label}",
+            items,
+            threshold="process not pinned on a machine whose GPUs sit on different NUMA nodes",
+            instruction="PyTorch's NUMA-binding docs report typical gains of 1-10 % from "
+            f"binding to the GPU's NUMA node: {bind}",
+        )
+    else:
+        yield Finding(
+            "topo.cpu_affinity_partly_remote",
+            Severity.LOW,
+            CATEGORY,
+            f"this process is pinned to CPUs {topology.process_cpus}; "
+            f"{format_cpulist(outside)} of them are not near {label}",
+            items,
+            threshold="process pinned to CPUs partly outside the primary GPU's CPU affinity",
+            instruction=f"pin it to the GPU's own CPUs instead: {bind}",
+        )
