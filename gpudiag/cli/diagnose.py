@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--replay", metavar="FILE", help="diagnose a recorded machine (`nvidia-smi -q -x` XML)"
     )
     parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        action="append",
+        help="with --replay: the machine's `nvidia-smi topo -m` (and `topo -p2p r`) output",
+    )
+    parser.add_argument(
         "--workload",
         metavar="NAME",
         help="profile a demo workload (gpt, mlp, cnn, input_bound) for a few steps",
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             raise GpuDiagError(f"cannot read --code {args.code}: {exc.strerror}") from exc
     if args.steps < 1:
         raise GpuDiagError("--steps must be at least 1")
-    system = inspect(replay=args.replay)
+    system = inspect(replay=args.replay, topology=args.topology or None)
     diagnosis = diagnose(
         workload=args.workload,
         trace=trace,

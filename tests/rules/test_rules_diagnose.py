@@ -197,3 +197,18 @@ def test_a_tiny_gain_reads_as_under_one_percent() -> None:
     small = Finding("x", Severity.LOW, "c", "m", estimated_gain=0.003)
     assert "gain: up to under 1% of the run" in repr(small)
     assert "up to 30% of the run" in Finding("y", Severity.LOW, "c", "m", estimated_gain=0.3).html()
+
+
+def test_cli_diagnose_recorded_machine_with_its_topology(
+    fixtures_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    xml = fixtures_dir / "nvidia-smi-xml" / "dual_2080-v13.xml"
+    topo = fixtures_dir / "topo-matrix"
+    args = ["diagnose", "--replay", str(xml), "--json"]
+    assert main(args) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert any(n["rule"] == "topo.host_path" for n in without["not_evaluated"])
+    extra = ["--topology", str(topo / "2gpu-pcie.txt"), "--topology", str(topo / "p2p-l4-2x.txt")]
+    assert main(args + extra) == 0
+    found = {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert "topo.p2p_unsupported" in found
