@@ -40,6 +40,14 @@ def test_inspect_replay(ip: Any) -> None:
     assert report.gpus[0].name == "Tesla T4"
 
 
+def test_inspect_replay_with_its_topology(ip: Any) -> None:
+    xml = FIXTURES / "nvidia-smi-xml" / "dual_2080-v13.xml"
+    topo = FIXTURES / "topo-matrix" / "2gpu-pcie.txt"
+    report = ip.run_line_magic("gpudiag", f"inspect --replay {xml} --topology {topo}")
+    assert report.topology is not None
+    assert "PHB" in report.topology.summary()
+
+
 def test_unknown_subcommand_is_explained_not_raised(
     ip: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
