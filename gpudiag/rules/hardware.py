@@ -495,6 +495,15 @@ def memory_headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding]:
             ),
             threshold=f"memory used < {MEMORY_HEADROOM:.0%} and compute < {GPU_BUSY_LOW:.0%} "
             "of the trace span",
+            fix=_bigger_batch(evidence.workload),
             instruction="raise the micro-batch (batch.size) until memory is ~80 % used, scaling "
             "the learning rate or lowering gradient accumulation to keep the global batch",
         )
+
+
+def _bigger_batch(workload: Any) -> FixRef | None:
+    """``batch.size`` at twice the workload's batch, when gpudiag steps it (a trial can try it)."""
+    if workload is None or not getattr(workload, "owns_step", False):
+        return None
+    batch = workload.samples_per_step()
+    return FixRef("batch.size", {"micro_batch": 2 * batch}) if batch else None

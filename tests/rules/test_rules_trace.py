@@ -250,5 +250,20 @@ def test_memory_headroom_unused_needs_both_low_memory_and_low_compute(fixtures_d
     headroom = [f for f in found.findings if f.id == "memory.headroom_unused"]
     assert headroom
     assert headroom[0].evidence[1].value < 50
+    assert headroom[0].fix is None  # a trace alone: no workload a trial could resize
     # both A5000s hold most of their memory (92 % and 70 %): no room to grow the batch
     assert "memory.headroom_unused" not in diagnose(trace=alexnet, system=full, env={}).ids()
+
+
+def test_memory_headroom_offers_twice_the_workloads_batch(fixtures_dir: Path) -> None:
+    from gpudiag.probe.system import inspect
+    from gpudiag.workloads import mlp
+
+    alexnet = _trace(fixtures_dir, ALEXNET_A100)
+    roomy = inspect(replay=fixtures_dir / "nvidia-smi-xml" / "a100-sxm4-v12.xml")
+    evidence = EvidenceBundle(
+        system=roomy, trace=alexnet, workload=mlp.build(batch_size=24), env={}
+    )
+    (finding,) = run_rules(evidence, only=["memory.headroom_unused"]).findings
+    assert finding.fix is not None
+    assert (finding.fix.id, dict(finding.fix.params)) == ("batch.size", {"micro_batch": 48})
