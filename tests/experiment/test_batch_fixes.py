@@ -209,3 +209,23 @@ def test_a_round_below_the_callers_threshold_ends_the_measurement(fake_clock: An
     assert "stopped after round 1" in s.notes[0]
     # Without a threshold every round runs.
     assert len(batch_scaling(wl, rounds=3, clock=fake_clock).rounds) == 3
+
+
+def test_batch_size_on_a_dataloader_rebuilds_it_at_the_micro_batch(bf16_cpu: Any) -> None:
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    loader = DataLoader(data, batch_size=8)
+    c = compare(
+        _loader_workload(loader),
+        ["batch.size:micro_batch=4,accumulation=2"],
+        system=bf16_cpu,
+        progress=False,
+        max_rounds=2,
+        min_rounds=2,
+        adaptive=False,
+    )
+    arm = c.arm()
+    assert arm.error is None
+    assert arm.samples_per_step == c.baseline.samples_per_step == 8
+    # Two micro-batches of 4 in loader order are the baseline's batch of 8: same loss.
+    assert arm.drift.status == "ok"
+    assert loader.batch_size == 8  # the user's loader is untouched
