@@ -42,7 +42,10 @@ _TF32 = re.compile(
     r"allow_tf32\s*=\s*True|set_float32_matmul_precision\(\s*['\"](high|medium)['\"]"
     r"|fp32_precision\s*=\s*['\"]tf32['\"]"
 )
-_FP8 = re.compile(r"float8_e4m3|float8_e5m2|fp8_autocast|\bFp8\w*\(|torch\._scaled_mm")
+# Transformer Engine 2.x spells its FP8 region te.autocast(recipe=...); 1.x fp8_autocast(...).
+_FP8 = re.compile(
+    r"float8_e4m3|float8_e5m2|fp8_autocast|\bte\.autocast\s*\(|\bFp8\w*\(|torch\._scaled_mm"
+)
 _SOFTMAX_QK = re.compile(r"softmax\s*\(.*(@|matmul|bmm|einsum).*(transpose|\.mT\b|\.T\b|->)")
 _QK = re.compile(
     r"(@|matmul|bmm).*(transpose\(\s*-2\s*,\s*-1\s*\)|transpose\(\s*-1\s*,\s*-2\s*\)|\.mT\b)"

@@ -120,3 +120,11 @@ def test_more_workers_than_cores() -> None:
     assert finding.fix is not None
     assert finding.fix.params == {"num_workers": 3}
     assert "code.dataloader_workers_exceed_cores" not in _ids(code.replace("16", "2"), four)
+
+
+def test_fp8_in_transformer_engine_2_spelling(fixtures_dir: Path) -> None:
+    te2 = "with te.autocast(enabled=True, recipe=DelayedScaling()):\n    out = model(x)\n"
+    found = _ids(te2, _xml(fixtures_dir, "a100-sxm4-v12.xml"))
+    assert "code.fp8_unsupported" in found
+    plain = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    out = model(x)\n"
+    assert "code.fp8_unsupported" not in _ids(plain, _xml(fixtures_dir, "a100-sxm4-v12.xml"))
