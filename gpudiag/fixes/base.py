@@ -162,6 +162,7 @@ def _load_all() -> None:
     from gpudiag.fixes import (  # noqa: F401
         attention,
         batch,
+        checkpointing,
         compile,
         dataloader,
         environment,

@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Literal
 
-from pydantic import Field
-
 from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
 
 
@@ -19,22 +17,6 @@ class _Planned(FixSpec):
 
     def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
         raise self.not_implemented(params)
-
-
-class CheckpointingParams(FixParams):
-    every_n_layers: int = Field(1, ge=1)
-    classes: tuple[str, ...] = ()
-
-
-@register
-class ActivationCheckpointing(_Planned):
-    id = "activation.checkpointing"
-    summary = (
-        "Recompute activations in the backward pass instead of keeping them "
-        "(torch.utils.checkpoint): less memory for a bigger batch, at some extra compute."
-    )
-    Params = CheckpointingParams
-    main_param = "every_n_layers"
 
 
 class FsdpParams(FixParams):

@@ -31,11 +31,13 @@ IMPLEMENTED = {
     "precision.tf32",
     "precision.bf16",
     "precision.fp16",
+    "precision.fp8",
     "attention.backend",
     "compile",
     "cudnn.benchmark",
     "batch.size",
     "dataloader.tuning",
+    "activation.checkpointing",
 }
 
 
@@ -71,6 +73,11 @@ def test_every_fix_describes_itself(fix_id: str) -> None:
             Fix("batch.size", micro_batch=4, accumulation=2),
         ),
         ("nccl.env:NCCL_ALGO=Ring", Fix("nccl.env", variables={"NCCL_ALGO": "Ring"})),
+        ("activation.checkpointing=2", Fix("activation.checkpointing", every_n_layers=2)),
+        (
+            "activation.checkpointing:classes=Block+Attention",
+            Fix("activation.checkpointing", classes=("Block", "Attention")),
+        ),
     ],
 )
 def test_parse_and_label_round_trip(text: str, expected: Fix) -> None:
@@ -109,8 +116,6 @@ def test_fix_is_immutable() -> None:
 @pytest.mark.parametrize(
     "fix_id",
     [
-        "precision.fp8",
-        "activation.checkpointing",
         "fsdp.wrap",
         "cuda.graphs",
     ],

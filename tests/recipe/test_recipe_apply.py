@@ -15,16 +15,14 @@ from gpudiag.recipe import Recipe
 
 
 def test_apply_skips_what_this_machine_cannot_do(make_cpu_system: Any) -> None:
-    recipe = Recipe.of(
-        ["precision.bf16", "precision.tf32", "activation.checkpointing", "allocator.config"]
-    )
+    recipe = Recipe.of(["precision.bf16", "precision.tf32", "fsdp.wrap", "allocator.config"])
     model = nn.Linear(4, 4)
     applied = recipe.apply(model, system=make_cpu_system("avx512_bf16"))
     try:
         assert [f.id for f in applied.fixes] == ["precision.bf16"]
         skipped = {f.id: why for f, why in applied.skipped}
         assert "TF32" in skipped["precision.tf32"]
-        assert "not implemented" in skipped["activation.checkpointing"]
+        assert "not implemented" in skipped["fsdp.wrap"]
         assert "PYTORCH_CUDA_ALLOC_CONF" in skipped["allocator.config"]
         assert "skipped" in repr(applied)
         assert model(torch.randn(1, 4)).dtype == torch.float32
