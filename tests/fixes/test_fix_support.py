@@ -85,8 +85,7 @@ def test_fp8_needs_cc_8_9_and_transformer_engine(gpus: dict[str, Any], fake_pack
     fake_package("transformer_engine")
     assert supported("precision.fp8", gpus["ada"]) == (True, "")
     assert supported("precision.fp8", gpus["blackwell"]) == (True, "")
-    # supported by the hardware, still not something this version applies
-    assert "not implemented" in Fix("precision.fp8").tryable(gpus["ada"])[1]
+    assert Fix("precision.fp8").tryable(gpus["ada"]) == (True, "")
 
 
 def test_attention_backends_by_hardware(
