@@ -567,8 +567,6 @@ def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
         stack.enter_context(torch.autocast(target.device_type, dtype=target.autocast_dtype))
         return
     model = target.model
-    had_own = "forward" in vars(model)
-    previous = vars(model).get("forward")
     original = model.forward
     device_type, dtype = target.device_type, target.autocast_dtype
 
@@ -578,13 +576,21 @@ def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
             out = original(*args, **kwargs)
         return to_float32(out)
 
-    model.forward = forward
+    replace_forward(model, forward, stack)
+
+
+def replace_forward(module: Any, forward: Callable[..., Any], stack: ExitStack) -> None:
+    """Give ``module`` (an instance; its class is untouched) ``forward`` until ``stack``
+    closes, then restore the instance's own ``forward`` if it had one, else drop it."""
+    had_own = "forward" in vars(module)
+    previous = vars(module).get("forward")
+    module.forward = forward
 
     def undo() -> None:
         if had_own:
-            model.forward = previous
+            module.forward = previous
         else:
-            vars(model).pop("forward", None)
+            vars(module).pop("forward", None)
 
     stack.callback(undo)
 

@@ -20,7 +20,14 @@ from typing import Any
 from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.base import (
+    FixKind,
+    FixParams,
+    FixSpec,
+    FixTarget,
+    register,
+    replace_forward,
+)
 
 
 class CheckpointingParams(FixParams):
@@ -230,17 +237,7 @@ class ActivationCheckpointing(FixSpec):
 
 
 def _wrap(block: Any, stack: ExitStack) -> None:
-    had_own = "forward" in vars(block)
-    previous = vars(block).get("forward")
-    block.forward = CheckpointedForward(block, previous)
-
-    def undo() -> None:
-        if had_own:
-            block.forward = previous
-        else:
-            vars(block).pop("forward", None)
-
-    stack.callback(undo)
+    replace_forward(block, CheckpointedForward(block, vars(block).get("forward")), stack)
 
 
 def _nothing_found(model: Any, classes: tuple[str, ...]) -> str:

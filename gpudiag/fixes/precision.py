@@ -22,7 +22,15 @@ from pydantic import Field, field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import FixConflictError, FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.base import (
+    FixConflictError,
+    FixKind,
+    FixParams,
+    FixSpec,
+    FixTarget,
+    register,
+    replace_forward,
+)
 
 # Tensor cores for fp16 arrived with Volta (compute capability 7.0); below it fp16 autocast
 # runs but rarely pays off. Source: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities".
@@ -362,8 +370,6 @@ def _restore(model: Any, swapped: list[tuple[str, Any, Any]]) -> None:
 def _wrap_forward(
     model: Any, region: Callable[[], AbstractContextManager[Any]], stack: ExitStack
 ) -> None:
-    had_own = "forward" in vars(model)
-    previous = vars(model).get("forward")
     original = model.forward
 
     @functools.wraps(original)
@@ -371,15 +377,7 @@ def _wrap_forward(
         with region():
             return original(*args, **kwargs)
 
-    model.forward = forward
-
-    def undo() -> None:
-        if had_own:
-            model.forward = previous
-        else:
-            vars(model).pop("forward", None)
-
-    stack.callback(undo)
+    replace_forward(model, forward, stack)
 
 
 def _kept_text(kept: list[tuple[str, str]], shown: int = 4) -> str:
