@@ -45,6 +45,13 @@ def clocked_workload(clock: Any, batch_size: int = 4) -> Workload:
     )
 
 
+def fixed_rounds(workload: Workload, fixes: list[Any], system: Any) -> Any:
+    """A short fixed-protocol comparison (2 rounds) for checks that are not about speed."""
+    return compare(
+        workload, fixes, system=system, progress=False, max_rounds=2, min_rounds=2, adaptive=False
+    )
+
+
 def test_split_batch_cuts_nested_batches_along_dim_0() -> None:
     Pair = namedtuple("Pair", "x y")
     batch = {"a": torch.arange(8).reshape(4, 2), "p": Pair(torch.arange(4), torch.ones(4)), "n": 3}
@@ -79,15 +86,7 @@ def test_accumulation_that_keeps_the_batch_splits_it_and_keeps_the_loss(bf16_cpu
     from gpudiag.workloads import mlp
 
     wl = mlp.build(batch_size=8, in_features=8, hidden=16)
-    c = compare(
-        wl,
-        ["batch.size:micro_batch=2,accumulation=4"],
-        system=bf16_cpu,
-        progress=False,
-        max_rounds=3,
-        min_rounds=2,
-        adaptive=False,
-    )
+    c = fixed_rounds(wl, ["batch.size:micro_batch=2,accumulation=4"], bf16_cpu)
     arm = c.arm()
     assert arm.samples_per_step == c.baseline.samples_per_step == 8
     # Four micro-batches of 2 are the same 8 samples: the loss matches to rounding.
@@ -145,15 +144,7 @@ def test_rebuild_loader_keeps_dataset_sampler_and_collate() -> None:
 def test_dataloader_tuning_runs_workers_on_a_copy_of_the_loader(bf16_cpu: Any) -> None:
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
     loader = DataLoader(data, batch_size=8)
-    c = compare(
-        _loader_workload(loader),
-        ["dataloader.tuning:num_workers=1"],
-        system=bf16_cpu,
-        progress=False,
-        max_rounds=2,
-        min_rounds=2,
-        adaptive=False,
-    )
+    c = fixed_rounds(_loader_workload(loader), ["dataloader.tuning:num_workers=1"], bf16_cpu)
     arm = c.arm()
     assert arm.error is None
     assert arm.drift.status == "ok"  # same batches, same order
@@ -214,14 +205,8 @@ def test_a_round_below_the_callers_threshold_ends_the_measurement(fake_clock: An
 def test_batch_size_on_a_dataloader_rebuilds_it_at_the_micro_batch(bf16_cpu: Any) -> None:
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
     loader = DataLoader(data, batch_size=8)
-    c = compare(
-        _loader_workload(loader),
-        ["batch.size:micro_batch=4,accumulation=2"],
-        system=bf16_cpu,
-        progress=False,
-        max_rounds=2,
-        min_rounds=2,
-        adaptive=False,
+    c = fixed_rounds(
+        _loader_workload(loader), ["batch.size:micro_batch=4,accumulation=2"], bf16_cpu
     )
     arm = c.arm()
     assert arm.error is None
