@@ -152,8 +152,21 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
             Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
             Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
             Evidence("parameter dtype", "float32", source="workload"),
+            *(
+                ()
+                if reduced is None
+                else (
+                    Evidence(
+                        "matmul time in bf16/fp16",
+                        round(100 * reduced, 1),
+                        "%",
+                        trace_source(evidence.trace),
+                    ),
+                )
+            ),
         ),
-        threshold="fp32 parameters on a CPU with AVX512-BF16 or AMX",
+        threshold="fp32 parameters on a CPU with AVX512-BF16 or AMX, and under half of the "
+        "traced matmul time in bf16/fp16 (when a trace with shapes is at hand)",
         fix=FixRef("precision.bf16"),
         instruction="torch.autocast('cpu', dtype=torch.bfloat16) around forward and loss "
         "(skip this if the step already autocasts)",

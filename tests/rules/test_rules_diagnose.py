@@ -212,3 +212,26 @@ def test_cli_diagnose_recorded_machine_with_its_topology(
     assert main(args + extra) == 0
     found = {f["id"] for f in json.loads(capsys.readouterr().out)["findings"]}
     assert "topo.p2p_unsupported" in found
+
+
+def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(bf16_cpu: Any) -> None:
+    import torch
+
+    from gpudiag.workloads import mlp
+
+    fp32 = mlp.build(batch_size=32, in_features=32, hidden=64)
+    found = diagnose(fp32, system=bf16_cpu, steps=1, env={}, scaling=False)
+    finding = next(f for f in found.findings if f.id == "precision.cpu_fp32_with_bf16")
+    share = next(e for e in finding.evidence if e.name == "matmul time in bf16/fp16")
+    assert share.value == 0.0  # read from the trace's matmul input types
+
+    autocast = mlp.build(batch_size=32, in_features=32, hidden=64)
+    inner = autocast.loss_fn()
+
+    def loss(model: Any, batch: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return inner(model, batch)
+
+    autocast.loss = loss
+    quiet = diagnose(autocast, system=bf16_cpu, steps=1, env={}, scaling=False)
+    assert "precision.cpu_fp32_with_bf16" not in quiet.ids()
