@@ -51,6 +51,10 @@ def _fmt_s(seconds: float | None) -> str:
     return f"{seconds * 1e6:.0f} us"
 
 
+# A memory fix (FixSpec.saves_memory) is kept when it cuts peak memory by this share or more.
+MEMORY_KEEP = 0.10
+
+
 @dataclass(frozen=True)
 class ArmResult:
     """What one arm measured. ``speedup`` / ``verdict`` are vs the baseline (None for it)."""
@@ -175,16 +179,29 @@ class Comparison:
         return a.verdict
 
     def kept(self) -> list[ArmResult]:
-        """Arms worth keeping: faster, with acceptable drift."""
+        """Arms worth keeping, with acceptable drift: faster ones, and those of memory fixes
+        (activation checkpointing) that cut peak memory by ``MEMORY_KEEP`` or more."""
         return [
             a
             for a in self._measured()
-            if a.verdict == "faster"
+            if (a.verdict == "faster" or self.memory_saving(a) >= MEMORY_KEEP)
             and (a.drift is None or a.drift.status in ("ok", "not measured"))
         ]
 
+    def memory_saving(self, arm: ArmResult) -> float:
+        """Share of the baseline's peak memory a memory fix saves (0 for other fixes, or
+        when either peak was not measured)."""
+        if not any(f.spec.saves_memory for f in arm.fixes):
+            return 0.0
+        peak = arm.memory.peak_bytes if arm.memory else None
+        base = self.baseline.memory.peak_bytes if self.baseline.memory else None
+        if not peak or not base:
+            return 0.0
+        return max(0.0, 1.0 - peak / base)
+
     def recipe(self, *, include: Iterable[Any] | None = None) -> Any:
-        """A gd.Recipe of the fixes that made it faster without large drift, with their evidence.
+        """A gd.Recipe of the fixes that made it faster (or, for memory fixes, smaller)
+        without large drift, with their evidence.
 
         ``include`` picks arms explicitly (Fix objects, texts) instead.
         """

@@ -82,6 +82,9 @@ class FixSpec:
     main_param: ClassVar[str | None] = None  # ``attention.backend=flash`` sets this parameter
     group: ClassVar[str | None] = None  # at most one fix of a group in one trial
     implemented: ClassVar[bool] = True
+    # Its purpose is memory, not speed: a comparison keeps it when peak memory falls, even
+    # at some cost in speed (a recipe that fits a bigger batch or model).
+    saves_memory: ClassVar[bool] = False
     # Changes only what gpudiag's own step feeds (its batches): tried in trials, while applied
     # to a user's model it is skipped with how to make the change in a training script.
     trial_only: ClassVar[bool] = False

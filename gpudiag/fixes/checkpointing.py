@@ -172,6 +172,7 @@ class CheckpointedForward:
 class ActivationCheckpointing(FixSpec):
     id = "activation.checkpointing"
     kind = FixKind.STRUCTURAL
+    saves_memory = True
     summary = (
         "Recompute activations in the backward pass instead of keeping them "
         "(torch.utils.checkpoint): less memory for a bigger batch, at some extra compute."

@@ -431,3 +431,7 @@ def test_compare_measures_less_memory_and_no_drift() -> None:
     assert arm.drift.loss_rel < 1e-5
     assert any("4 of 4 blocks checkpointed" in n for n in arm.notes)
     assert own_forwards(wl.model) == []
+    # A memory fix is kept for the memory it saves, whatever the speed verdict.
+    assert c.memory_saving(arm) > 0.2
+    assert c.kept() == [arm]
+    assert [f.id for f in c.recipe().fixes] == ["activation.checkpointing"]
