@@ -64,7 +64,7 @@ def diagnose(
     ``system``: a ``SystemReport`` (default: ``gd.inspect()``, which never raises).
     ``samples``: monitor samples. ``code``: source text to scan for API misuse.
     ``runtime``: this process's torch switches and profiling-counter permission (default:
-    ``gpudiag.probe.runtime.runtime_state()``, read now).
+    ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
     ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
     ``BatchScaling`` is used as given.
@@ -85,7 +85,8 @@ def diagnose(
         trace = profile_workload(workload, steps=steps)
     if code is None and workload is not None:
         code = workload_source(workload)
-    if runtime is None:
+    if runtime is None and not system.is_recording:
+        # This process's switches describe this machine: a recorded machine's process is gone.
         from gpudiag.probe.runtime import runtime_state
 
         runtime = runtime_state()

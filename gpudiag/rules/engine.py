@@ -232,6 +232,10 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
         sources.append("monitor samples")
     if evidence.code is not None:
         sources.append("source code")
+    if evidence.runtime:
+        sources.append("torch switches")
+    if evidence.batch_scaling is not None:
+        sources.append("batch scaling")
     return Diagnosis(
         tuple(findings),
         tuple(skipped),

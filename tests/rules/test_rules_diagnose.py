@@ -31,6 +31,7 @@ def test_diagnose_trace_path_with_recorded_system(fixtures_dir: Path) -> None:
     assert isinstance(diagnosis, Diagnosis)
     assert diagnosis.findings[0].id == "input.dataloader_bound"
     assert "hw.pcie_width_degraded" in diagnosis.ids()
+    # No "torch switches": this process's settings say nothing about a recorded machine.
     assert diagnosis.sources == ("recording", "trace")
     json.dumps(diagnosis.to_dict())  # JSON-safe
     gains = [f.estimated_gain or 0.0 for f in diagnosis.findings if f.estimated_gain is not None]
