@@ -13,6 +13,7 @@ from typing import Any
 from gpudiag.experiment.drift import StepTrace
 from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.fixes import Fix, FixTarget
+from gpudiag.fixes.base import ordered
 from gpudiag.fixes.dataloader import rebuild_loader
 from gpudiag.probe import cuda
 
@@ -101,6 +102,7 @@ class Arm:
             system=self.system,
             batch_size=wl.samples_per_step() if wl.owns_step else None,
             dataloader=wl.dataloader,
+            per_sample=self.shared,
         )
         if not self.shared:
             self._prepare(self._stack)
@@ -141,11 +143,12 @@ class Arm:
         return itertools.repeat([wl.make_batch()] * parts)
 
     def close(self) -> None:
+        self._collect_notes()  # fixes may note what happened while stepping
         self._stack.close()
         self._batches = self._micro_loader = None  # lets DataLoader workers shut down
 
     def _prepare(self, stack: ExitStack) -> None:
-        for fix in self.fixes:
+        for fix in ordered(self.fixes):  # FixSpec.order: compile wraps, cuda.graphs captures that
             fix.spec.prepare(fix.params, self.target, stack)
 
     def _collect_notes(self) -> None:

@@ -64,6 +64,10 @@ class FixTarget:
     dataloader: Any = None  # the workload's DataLoader, or the trial's rebuilt one
     micro_batch: int | None = None  # batch.size: samples per forward/backward
     accumulation: int = 1  # batch.size: micro-batches per optimizer step
+    # Arms that share one model prepare their fixes again around every measured sample.
+    per_sample: bool = False
+    # The fix that captures CUDA graphs of the step ("" for none): see claim_graph_capture.
+    graph_capture: str = ""
 
 
 class FixSpec:
@@ -88,7 +92,8 @@ class FixSpec:
     # Changes only what gpudiag's own step feeds (its batches): tried in trials, while applied
     # to a user's model it is skipped with how to make the change in a training script.
     trial_only: ClassVar[bool] = False
-    order: ClassVar[int] = 50  # application order; compile wraps last
+    trial_only_reason: ClassVar[str] = "changes the batches of gpudiag's trials only"
+    order: ClassVar[int] = 50  # application order: compile (90) wraps, cuda.graphs (95) captures
 
     # -- parameters -----------------------------------------------------------------------
     def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,6 +172,7 @@ def _load_all() -> None:
         batch,
         checkpointing,
         compile,
+        cuda_graphs,
         dataloader,
         environment,
         precision,
@@ -531,8 +537,8 @@ def apply_fixes(
             reason = fix.live_blocker()
             if not reason and fix.spec.trial_only:
                 reason = (
-                    f"{fix.label} changes the batches of gpudiag's trials only; in a training "
-                    "script: " + " ".join(line.strip() for line in fix.code())
+                    f"{fix.label} {fix.spec.trial_only_reason}; in a training script: "
+                    + " ".join(line.strip() for line in fix.code())
                 )
             can = not reason
             if can and check:
@@ -580,6 +586,26 @@ def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
         return to_float32(out)
 
     replace_forward(model, forward, stack)
+
+
+def claim_graph_capture(target: FixTarget, by: str, stack: ExitStack) -> None:
+    """Record that ``by`` captures CUDA graphs of the trial's step, until ``stack`` closes.
+
+    Two capturers (compile modes reduce-overhead / max-autotune, cuda.graphs) would nest
+    graphs in graphs; fix groups are per fix, not per parameter, so the second is refused.
+    """
+    if target.graph_capture:
+        raise UnsupportedFixError(
+            f"{by} and {target.graph_capture} both capture CUDA graphs of the step; try them "
+            "as separate arms (compile mode default or max-autotune-no-cudagraphs goes with "
+            "cuda.graphs)"
+        )
+    target.graph_capture = by
+
+    def release() -> None:
+        target.graph_capture = ""
+
+    stack.callback(release)
 
 
 def replace_forward(module: Any, forward: Callable[..., Any], stack: ExitStack) -> None:

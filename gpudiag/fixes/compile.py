@@ -13,11 +13,20 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.base import (
+    FixKind,
+    FixParams,
+    FixSpec,
+    FixTarget,
+    claim_graph_capture,
+    register,
+)
 
 # Triton, inductor's GPU code generator, supports compute capability 7.0 and newer
 # (Triton README, "Compatibility").
 TRITON_MIN_CC = (7, 0)
+# The modes whose options set triton.cudagraphs (torch._inductor.list_mode_options()).
+CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 
 
 class CompileParams(FixParams):
@@ -91,6 +100,8 @@ class Compile(FixSpec):
             target.notes.append(
                 "reduce-overhead adds CUDA graphs, which do nothing on the CPU: same as default"
             )
+        if mode in CUDA_GRAPH_MODES and target.device_type == "cuda":
+            claim_graph_capture(target, f"compile mode={mode}", stack)
         if target.step_fn is not None and not target.owns_step:
             original_fn = target.step_fn
             target.step_fn = torch.compile(original_fn, **options)

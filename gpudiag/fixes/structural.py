@@ -44,16 +44,3 @@ class FsdpWrap(_Planned):
         if not dist.is_available():
             return False, "this torch was built without distributed support"
         return True, ""
-
-
-@register
-class CudaGraphs(_Planned):
-    id = "cuda.graphs"
-    summary = "Capture the step in a CUDA graph and replay it: one launch instead of hundreds."
-
-    def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
-    ) -> tuple[bool, str]:
-        if device_type != "cuda":
-            return False, "CUDA graphs exist only on NVIDIA GPUs"
-        return True, ""

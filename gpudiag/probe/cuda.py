@@ -210,3 +210,42 @@ def initialized() -> bool:
 def visible_uuids() -> list[str]:
     """UUIDs of the devices torch sees, in CUDA index order (initialises CUDA)."""
     return [device_properties(i).uuid for i in range(device_count())]
+
+
+def make_graphed_callables(
+    fn: Any,
+    sample_args: tuple[Any, ...],
+    *,
+    num_warmup_iters: int = 3,
+    allow_unused_input: bool = False,
+) -> Any:
+    """``torch.cuda.make_graphed_callables`` for one callable (an ``nn.Module`` or a function).
+
+    Runs ``fn`` ``num_warmup_iters`` times on a side stream, then captures its forward and
+    its backward as two CUDA graphs, and returns the graphed version: a drop-in replacement
+    that takes positional tensors of the shapes, dtypes and ``requires_grad`` of
+    ``sample_args`` and whose outputs live in static memory that the next call overwrites.
+    For a module, torch gives back the module with an instance ``forward`` that replays the
+    graphs while its training mode is the captured one. A module's parameters are graph
+    inputs too; it must have no hooks, and no buffer may require grad. Under autocast the
+    autocast cache must be off (``torch.autocast(..., cache_enabled=False)``).
+    Raises ProbeError where CUDA is not usable.
+
+    PyTorch docs: ``torch.cuda.make_graphed_callables``
+    (https://pytorch.org/docs/stable/generated/torch.cuda.make_graphed_callables.html) and
+    "CUDA semantics", "CUDA Graphs", "Partial-network capture"
+    (https://pytorch.org/docs/stable/notes/cuda.html#partial-network-capture).
+    """
+    if not available():
+        raise ProbeError(
+            "CUDA graphs need a usable CUDA device (this is a CPU-only torch build or there "
+            "is no NVIDIA driver)."
+        )
+    torch = _torch()
+    assert torch is not None
+    return torch.cuda.make_graphed_callables(
+        fn,
+        tuple(sample_args),
+        num_warmup_iters=num_warmup_iters,
+        allow_unused_input=allow_unused_input,
+    )

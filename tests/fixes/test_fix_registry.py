@@ -38,6 +38,7 @@ IMPLEMENTED = {
     "batch.size",
     "dataloader.tuning",
     "activation.checkpointing",
+    "cuda.graphs",
 }
 
 
@@ -117,7 +118,6 @@ def test_fix_is_immutable() -> None:
     "fix_id",
     [
         "fsdp.wrap",
-        "cuda.graphs",
     ],
 )
 def test_planned_structural_fixes_refuse_to_apply(fix_id: str) -> None:
