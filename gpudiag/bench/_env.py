@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,11 +176,9 @@ def cpu_compute_cores() -> int:
     """Cores a CPU benchmark actually uses: torch's intra-op threads, bounded by the affinity."""
     import torch
 
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = os.cpu_count() or 1
-    return max(1, min(int(torch.get_num_threads()), allowed))
+    from gpudiag.probe.host import usable_cpus
+
+    return max(1, min(int(torch.get_num_threads()), usable_cpus()))
 
 
 def last_level_cache_bytes(target: Target, system: Any = None) -> tuple[int, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload
 from gpudiag.probe import cuda
+from gpudiag.probe.host import load_average, usable_cpus
 
 # A round times the small batch for at least this long (capped at MAX_STEPS steps).
 MIN_ROUND_S = 0.05
@@ -169,7 +169,7 @@ def _measure(
         sized.batch_size = size
         arms.append(Arm(f"batch {size}", (), sized, model, True, device_type, system))
     times: list[list[float]] = [[], []]
-    load_before = _load_average()
+    load_before = load_average()
     if clock is None and device_type != "cuda":
         clock = time.perf_counter
     with isolated(verify=False):
@@ -199,15 +199,6 @@ def _measure(
         statistics.median(times[1]),
         tuple(zip(times[0], times[1], strict=True)),
         tuple(notes),
-        load_average=max(
-            (x for x in (load_before, _load_average()) if x is not None), default=None
-        ),
-        cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        load_average=max((x for x in (load_before, load_average()) if x is not None), default=None),
+        cpus=usable_cpus(),
     )
-
-
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on this platform
-        return None

@@ -8,7 +8,6 @@ off without one.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -18,6 +17,7 @@ from pydantic import Field
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
 from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.probe.host import usable_cpus
 
 # Workers chosen when none are given: one per spare CPU (the training process keeps one),
 # at most this many (more rarely helps a single GPU's input pipeline and costs memory).
@@ -29,13 +29,6 @@ class DataLoaderParams(FixParams):
     pin_memory: bool = True
     persistent_workers: bool = True
     prefetch_factor: int | None = Field(2, ge=1)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def auto_workers() -> int:

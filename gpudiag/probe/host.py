@@ -35,6 +35,27 @@ ML_FLAGS = (
 )
 
 
+def affinity_cpus() -> int | None:
+    """How many CPUs this process may run on (its affinity mask); None where the OS has none."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: the affinity mask, else the CPU count (at least 1)."""
+    return affinity_cpus() or os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The host's 1-minute load average (None where the OS does not report one)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def _read(path: str | Path) -> str | None:
     try:
         return Path(path).read_text(errors="replace")
@@ -106,10 +127,12 @@ def probe_host(*, with_torch: bool = True) -> HostInfo:
         missing = na(Status.NOT_FOUND, "psutil is not installed", "host")
         memory_total = memory_available = missing
         physical = None
-    try:
-        affinity = ok(len(os.sched_getaffinity(0)), "host")
-    except (AttributeError, OSError):
-        affinity = na(Status.NOT_SUPPORTED, "no CPU affinity on this OS", "host")
+    allowed = affinity_cpus()
+    affinity = (
+        ok(allowed, "host")
+        if allowed is not None
+        else na(Status.NOT_SUPPORTED, "no CPU affinity on this OS", "host")
+    )
     return HostInfo(
         hostname=socket.gethostname(),
         os=f"{platform.system()} {platform.release()}",

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudiag.probe.host import affinity_cpus
+
 # The NVIDIA driver's module parameters as it runs (Linux). ``RmProfilingAdminOnly: 1`` means
 # only admin users may read GPU performance counters (NVIDIA's ERR_NVGPUCTRPERM page; set by
 # the module option NVreg_RestrictProfilingToAdminUsers).
@@ -90,7 +92,7 @@ def torch_switches() -> dict[str, Any]:
     for key, read in reads.items():
         _read_switch(out, key, read)
     _read_switch(out, "cpu_count", lambda: int(os.cpu_count() or 0) or None)
-    _read_switch(out, "cpu_affinity", lambda: len(os.sched_getaffinity(0)))
+    out["cpu_affinity"] = affinity_cpus()
     return {k: v for k, v in out.items() if v is not None}
 
 

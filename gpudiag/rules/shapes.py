@@ -84,14 +84,11 @@ def _tensor_core_dtypes(cc: tuple[int, int]) -> dict[str, str] | None:
         feats = features(cc)
     except GpuDiagError:
         return None
-    table = {
-        "fp16": feats.fp16_tensor_cores,
-        "bf16": feats.bf16,
-        "int8": feats.int8_tensor_cores,
-        "fp8": feats.fp8,
-        "fp32": feats.tf32,  # TF32: fp32 GEMMs on tensor cores, when torch allows it
+    # fp32 GEMMs reach tensor cores as TF32, when torch allows it.
+    spec_name = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "fp8": "fp8", "fp32": "tf32"}
+    return {
+        d: ("TF32" if d == "fp32" else d) for d, name in spec_name.items() if feats.supports(name)
     }
-    return {d: ("TF32" if d == "fp32" else d) for d, ok in table.items() if ok}
 
 
 def _unaligned(shape: Any, share: float, on_tensor_cores: dict[str, str]) -> _Unaligned | None:
