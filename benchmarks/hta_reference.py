@@ -33,7 +33,7 @@ from pathlib import Path
 os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "traces"
+DEFAULT_FIXTURES = REPO / "tests" / "fixtures" / "traces"
 OUT = REPO / "tests" / "analysis" / "trace" / "data" / "hta_reference.json"
 TOP_KERNELS = 40
 

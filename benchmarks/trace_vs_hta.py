@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "traces"
+FIXTURES = REPO / "tests" / "fixtures" / "traces"
 DEFAULT_SOURCE = FIXTURES / "hta-trace_diff-control.json.gz"
 PEER_VENV = REPO / ".venv-peers"
 PEER_REQUIREMENTS = REPO / "benchmarks" / "requirements-peers.txt"

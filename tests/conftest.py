@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,8 +11,45 @@ import pytest
 from tests.fakes.machines import FakeClock, cpu_system
 
 REPO = Path(__file__).resolve().parents[1]
-# Recorded real-GPU data (nvidia-smi XML, traces, topology, ...) sits beside the repository.
-FIXTURES = REPO.parent / "shared" / "fixtures"
+# Recorded real-GPU data (nvidia-smi XML, traces, topology, ...), copied into the repository
+# with each folder's SOURCES.md: a clone tests with nothing beside it.
+FIXTURES = REPO / "tests" / "fixtures"
+
+# Files the test session opened beside the repository (a sibling folder such as ../shared):
+# a fresh clone has nothing there, so any such read fails the session (see pytest_sessionfinish).
+_OUTSIDE_READS: list[str] = []
+_INSIDE = str(REPO) + os.sep
+_BESIDE = str(REPO.parent) + os.sep
+_INTERPRETER = tuple({sys.prefix + os.sep, sys.base_prefix + os.sep, sys.exec_prefix + os.sep})
+
+
+def _watch_opens(event: str, args: tuple[object, ...]) -> None:
+    if event != "open" or not args or not isinstance(args[0], str):
+        return
+    path = os.path.abspath(args[0])
+    if (
+        path.startswith(_BESIDE)
+        and not path.startswith(_INSIDE)
+        and not path.startswith(_INTERPRETER)
+        and len(_OUTSIDE_READS) < 20
+    ):
+        _OUTSIDE_READS.append(path)
+
+
+sys.addaudithook(_watch_opens)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _OUTSIDE_READS:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                "tests read files outside the repository (copy them into tests/fixtures/):",
+                red=True,
+            )
+            for path in dict.fromkeys(_OUTSIDE_READS):
+                reporter.write_line(f"  {path}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

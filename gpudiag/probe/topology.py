@@ -28,7 +28,7 @@ SOURCE_P2P = "nvidia-smi topo -p2p r"
 SOURCE_RECORDING = "recording"
 
 # Link kinds of `nvidia-smi topo -m`, farthest first: the index is the rank (0 = farthest).
-# Meanings are nvidia-smi's own legend (recorded in shared/fixtures/topo-matrix/legend-topo-m.txt).
+# Meanings are nvidia-smi's own legend (recorded in tests/fixtures/topo-matrix/legend-topo-m.txt).
 LINK_KINDS: tuple[str, ...] = ("SYS", "NODE", "PHB", "PXB", "PIX", "NV")
 LINK_LEGEND: Mapping[str, str] = {
     "X": "Self",

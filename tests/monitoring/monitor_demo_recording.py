@@ -1,6 +1,6 @@
 """Assembles the shipped demo session (gpudiag/data/recordings/demo-cluster.session.jsonl).
 
-Every value comes from a real recording in the shared fixtures, passed through gpudiag's own
+Every value comes from a real recording in tests/fixtures, passed through gpudiag's own
 parsers and the monitor's GPU feed; only the timeline is made up (each tick repeats a real
 snapshot). Run ``python tests/monitoring/monitor_demo_recording.py`` to rebuild the file;
 ``test_monitor_recording.py`` checks that the shipped file is exactly what this produces.
@@ -129,5 +129,5 @@ def build(fixtures: Path, output: Path = OUTPUT) -> Path:
 
 
 if __name__ == "__main__":
-    fixtures = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent / "shared" / "fixtures"
+    fixtures = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures"
     print(build(fixtures))
