@@ -9,7 +9,7 @@ from typing import Any
 from gpudiag.analysis.costed_ops import DTYPE_BYTES, MATMUL_OPS
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity
+from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
 
 CATEGORY = "shapes"
 RULE = "shapes.gemm_alignment"
@@ -207,9 +207,10 @@ def _finding(
         )
     span = span_us(trace)
     top = hot[0]
+    gain = share * compute_us * _PADDING_SAVING / span if span else None
     return Finding(
         RULE,
-        Severity.HIGH if share >= 0.25 else Severity.MEDIUM if share >= 0.10 else Severity.LOW,
+        severity_for_gain(gain) if gain is not None else Severity.LOW,
         CATEGORY,
         f"{share:.0%} of GPU compute time is in GEMMs with a size that is not a multiple of "
         f"{requirement} ({top.shape.name} {_dims_text(list(top.dims)[:2])}): tensor cores run "
@@ -221,5 +222,5 @@ def _finding(
             f">= {MIN_SHARE:.0%} together"
         ),
         instruction="; ".join(steps),
-        estimated_gain=share * compute_us * _PADDING_SAVING / span if span else None,
+        estimated_gain=gain,
     )
