@@ -151,10 +151,13 @@ def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]
     compute_us = _compute_us(trace)
     if compute_us <= 0:
         return
+    # Attention's products (Q K^T, P V) have the sequence length and head size as sizes: the
+    # fix there is a fused attention backend (attention.eager), not padding the data.
     hot = [
         u
         for s in shapes
-        if (s.gpu_us or 0.0) >= HOT_SHARE * compute_us
+        if not s.in_attention
+        and (s.gpu_us or 0.0) >= HOT_SHARE * compute_us
         and (u := _unaligned(s, (s.gpu_us or 0.0) / compute_us, on_tensor_cores)) is not None
     ]
     if sum(u.share for u in hot) < MIN_SHARE:
@@ -219,7 +222,8 @@ def _finding(
         threshold=(
             f"cc >= 7.0; a GEMM's M, N or K not a multiple of {ALIGN_BYTES} bytes (8 fp16/bf16, "
             f"16 int8/fp8, 4 TF32 elements) in shapes of >= {HOT_SHARE:.1%} of GPU compute, "
-            f">= {MIN_SHARE:.0%} together"
+            f">= {MIN_SHARE:.0%} together; attention's Q K^T and P V products left out (their "
+            "sizes are the sequence length and head size)"
         ),
         instruction="; ".join(steps),
         estimated_gain=gain,
