@@ -17,9 +17,10 @@ LOW_OCCUPANCY = 0.25
 # purpose (cuBLAS/cuBLASLt nvjet, CUTLASS, cuDNN, flash/fused attention, AMD Tensile,
 # hipBLASLt, Composable Kernel, aiter), and PyTorch's own ATen kernels are not the user's to
 # relaunch: block-size advice for them is noise. Occupancy advice is for the user's own CUDA
-# kernels and Triton kernels (names as the profiler records them, mangled ones included).
+# kernels and Triton kernels (names as the profiler records them, mangled ones included), and
+# not for matrix products among them (Triton matmuls keep few warps on purpose, like cuBLAS).
 _LIBRARY = re.compile(
-    r"gemm|gemv|cudnn|cutlass|xmma|cublas|nvjet|nccl|rccl|flash|fmha|attn|attention|"
+    r"gemm|gemv|matmul|cudnn|cutlass|xmma|cublas|nvjet|nccl|rccl|flash|fmha|attn|attention|"
     r"sm\d{2,3}a?_|volta_|turing_|ampere_|hopper_|blackwell_|Cijk_|tensile|hipblaslt|rocblas|"
     r"miopen|ck_tile|ck::|aiter|deep_?gemm|marlin|flashinfer|cufft|fft\d|cusparse|cusolver|"
     r"curand|magma|transformer_engine|"

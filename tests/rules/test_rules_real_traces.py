@@ -165,3 +165,44 @@ def test_mi300x_checkpointing_trace_top_finding_is_exposed_communication(
     # TraceLens' gpu_timeline for this trace: exposed communication 67.8 % of the time.
     top = _diagnose(fixtures_dir, MI300_RESNET_CKPT).findings[0]
     assert (top.id, top.severity) == ("comm.exposed", Severity.HIGH)
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x256x32_MI16x16x1_SN_LDSB1_AFC1",
+        "_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40Block",
+        "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi64ELi8ELb0ELb0ELb1ELi1EEEvPT0_PT_",
+        "nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT",
+        "volta_sgemm_128x64_nn",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>",
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false>",
+        "attn_fwd",
+        "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1",
+    ],
+)
+def test_library_and_aten_kernels_get_no_block_size_advice(kernel: str) -> None:
+    from gpudiag.rules.occupancy import is_library_kernel
+
+    assert is_library_kernel(kernel)
+
+
+@pytest.mark.parametrize(
+    "kernel", ["triton_poi_fused__unsafe_view_mul_silu_2", "my_fused_kernel(float*, int)"]
+)
+def test_user_and_triton_kernels_can_get_occupancy_advice(kernel: str) -> None:
+    from gpudiag.rules.occupancy import is_library_kernel
+
+    assert not is_library_kernel(kernel)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_no_occupancy_finding_on_real_traces_names_a_library_kernel(
+    fixtures_dir: Path, name: str
+) -> None:
+    from gpudiag.rules.occupancy import is_library_kernel
+
+    for f in _diagnose(fixtures_dir, name).findings:
+        if f.id == "occupancy.low":
+            kernel = f.message.split("hot kernel ", 1)[1].split(" runs at", 1)[0]
+            assert not is_library_kernel(kernel), f.message
