@@ -150,6 +150,15 @@ class _Work:
         return owner
 
 
+def _backend(op: str) -> str:
+    """SDPA's backend name, or the library's attention ("mha", "flashinfer", ...) without
+    the per-call numbering some profilers add to operator names."""
+    if op in SDPA_BACKENDS:
+        return SDPA_BACKENDS[op]
+    m = _LIBRARY_ATTENTION.search(op)
+    return m.group(0).strip(":").lower() if m else op
+
+
 def _siblings(events: Events, nesting: Nesting, host: Bool, keys: set[tuple[int, int]]) -> Any:
     """(thread, parent) -> host operator rows with that parent, in time order."""
     ops = np.flatnonzero(host & (events.kind == Kind.CPU_OP))
@@ -254,9 +263,7 @@ def attention_use(
         # hand-written attention), and each product's backward: two products of its size.
         measured = sum(work.us[r] for r in backward) * len(hand) / max(len(softmax), 1)
         backward_us = measured + 2.0 * sum(work.us[p[0]] + work.us[p[-1]] for p, _ in hand)
-    backends = []
-    for r in fused:
-        backends.append(SDPA_BACKENDS.get(name_of(r), name_of(r)))
+    backends = [_backend(name_of(r)) for r in fused]
     return AttentionUse(
         eager_calls=len(hand),
         forward_us=forward,
