@@ -226,7 +226,7 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
                 if too_small is not None and _from_trace(r):
                     f = _unjudged(f)
                 findings.append(f)
-    if too_small is not None and findings:
+    if too_small is not None:
         findings.append(_too_small_finding(evidence, too_small))
     findings.sort(key=_rank_key)
     sources = []

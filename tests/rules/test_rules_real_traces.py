@@ -5,6 +5,7 @@ and its SOURCES.md)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,26 @@ def test_no_occupancy_finding_on_real_traces_names_a_library_kernel(
         if f.id == "occupancy.low":
             kernel = f.message.split("hot kernel ", 1)[1].split(" runs at", 1)[0]
             assert not is_library_kernel(kernel), f.message
+
+
+def test_the_engine_lowers_severity_to_the_gain_but_never_raises_it(fixtures_dir: Path) -> None:
+    from gpudiag.rules.engine import REGISTRY, rule
+    from gpudiag.rules.finding import Finding
+
+    @rule("test.sized", category="test", needs=("trace",))
+    def sized(evidence: EvidenceBundle) -> Any:
+        yield Finding("test.tiny_gain", Severity.HIGH, "test", "tiny", estimated_gain=0.0002)
+        yield Finding("test.modest", Severity.LOW, "test", "modest", estimated_gain=0.5)
+        yield Finding("test.no_gain", Severity.HIGH, "test", "a fault")
+
+    try:
+        trace = _trace(fixtures_dir, RESNET_W4)
+        found = run_rules(EvidenceBundle(trace=trace, env={}), only=["test.sized"])
+    finally:
+        del REGISTRY["test.sized"]
+    severity = {f.id: f.severity for f in found.findings}
+    assert severity == {
+        "test.tiny_gain": Severity.LOW,
+        "test.modest": Severity.LOW,
+        "test.no_gain": Severity.HIGH,
+    }
