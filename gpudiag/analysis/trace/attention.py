@@ -33,13 +33,16 @@ SCORE_MATMULS = frozenset(
     {"aten::matmul", "aten::bmm", "aten::baddbmm", "aten::einsum", "aten::mm"}
 )
 # What hand-written attention does between the two products: scale, mask, bias, casts,
-# dropout, and the views around them.
+# dropout, the views around them, and the small tensors a mask or a scale is made of
+# (GPT-2's torch.full scale and torch.where mask, a causal mask built from comparisons).
 _BETWEEN = re.compile(
     r"^aten::(?:div|mul|add|sub|neg|masked_fill|where|to|_to_copy|type_as|dropout|"
     r"native_dropout|feature_dropout|contiguous|clone|transpose|permute|view|reshape|"
-    r"_reshape_alias|expand|unsqueeze|squeeze|t|empty_like|copy_|float|half|bfloat16|"
-    r"detach|alias|select|slice|triu|tril|full_like|ones_like|zeros_like|scalar_tensor|"
-    r"lift_fresh|_unsafe_view|result_type|masked_fill_|add_|mul_|div_)_?$"
+    r"_reshape_alias|expand|unsqueeze|squeeze|t|empty_like|copy|float|half|bfloat16|"
+    r"detach|alias|select|slice|triu|tril|full|full_like|ones_like|zeros_like|fill|empty|"
+    r"empty_strided|zeros|ones|arange|scalar_tensor|lift_fresh|_unsafe_view|result_type|"
+    r"lt|gt|le|ge|eq|ne|logical_not|bitwise_not|logical_and|logical_or|minimum|maximum|"
+    r"clamp|clamp_min|tanh|rsub|index|_local_scalar_dense|item|is_nonzero)_?$"
 )
 MATH_OP = "aten::_scaled_dot_product_attention_math"
 # SDPA's fused backends, by the operator its dispatcher calls.
@@ -56,7 +59,7 @@ SDPA_BACKENDS: dict[str, str] = {
 _LIBRARY_ATTENTION = re.compile(
     r"flash_?attn|flashinfer|::mha|fmha|unified_attention|xformers", re.I
 )
-_LOOKAROUND = 8  # sibling operators searched on each side of a softmax
+_LOOKAROUND = 16  # sibling operators searched on each side of a softmax
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,21 @@ class EagerAttention(torch.nn.Module):
         return self._merge(torch.matmul(probs, v))
 
 
+class Gpt2StyleAttention(EagerAttention):
+    """Laid out as Hugging Face GPT-2's eager attention: a torch.full scale, a causal mask
+    applied with torch.where, softmax in fp32 cast back, dropout."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        lowest = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+        w = torch.where(~mask, w, lowest)
+        w = torch.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
+        w = F.dropout(w, p=0.1, training=self.training)
+        return self._merge(torch.matmul(w, v))
+
+
 class SdpaAttention(EagerAttention):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
@@ -90,6 +105,12 @@ def test_hand_written_attention_is_found_in_the_op_tree(tmp_path: Path) -> None:
     # Softmax backward ran (measured); the products' backward is estimated on top of it.
     assert 0 < use.backward_measured_us < use.backward_us
     assert use.fused_calls == 0
+
+
+def test_gpt2_style_eager_attention_is_found(tmp_path: Path) -> None:
+    use = _profile(Gpt2StyleAttention(), tmp_path).attention()
+    assert use.eager_calls == 2
+    assert {"aten::full", "aten::where", "aten::softmax"} <= set(use.pattern)
 
 
 def test_sdpa_is_fused_not_eager(tmp_path: Path) -> None:
