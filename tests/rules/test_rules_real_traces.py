@@ -230,3 +230,28 @@ def test_the_engine_lowers_severity_to_the_gain_but_never_raises_it(fixtures_dir
         "test.modest": Severity.LOW,
         "test.no_gain": Severity.HIGH,
     }
+
+
+def test_a_hot_triton_kernel_gets_triton_advice_not_a_block_size(fixtures_dir: Path) -> None:
+    import dataclasses
+
+    trace = _trace(fixtures_dir, RESNET_W4)
+    hot = dataclasses.replace(
+        trace.ranks[0].kernels[3],
+        name="triton_red_fused_native_layer_norm_0",
+        launched_by="triton_red_fused_native_layer_norm_0",
+        share=0.2,
+        block=(64, 1, 1),
+        registers_per_thread=32,
+        shared_memory_bytes=40 * 1024,
+        theoretical_occupancy=0.0625,
+        occupancy_limited_by=("shared_memory",),
+    )
+    edited = dataclasses.replace(
+        trace, ranks=(dataclasses.replace(trace.ranks[0], kernels=(hot,)),)
+    )
+    found = run_rules(EvidenceBundle(trace=edited, env={}), only=["occupancy.low"])
+    occ = found.findings[0]
+    assert "num_warps" in occ.instruction
+    assert "threads per block" not in occ.instruction
+    assert "memory-bound" in occ.instruction
