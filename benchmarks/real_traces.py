@@ -10,8 +10,10 @@ reference answers that come with the fixtures:
 
 - HTA: Holistic Trace Analysis' temporal breakdown (compute and idle time), recorded by
   ``benchmarks/hta_reference.py`` into ``tests/analysis/trace/data/hta_reference.json``;
-- TraceLens: the ``gpu_timeline.csv`` (computation, exposed communication, idle, total) and
-  the GEMM table's dtype of the two MI300X traces in ``tracelens-reference-csvs/``.
+- TraceLens: the ``gpu_timeline.csv`` (total, computation, exposed communication) over all
+  steps and the GEMM table's dtypes of the two MI300X traces in ``tracelens-reference-csvs/``.
+
+Where a trace holds attention, a line says how much is eager, SDPA math or fused.
 
 The diagnosis uses only the trace (no live system, no process switches): what a user would
 get from ``gpudiag diagnose --trace FILE`` on a machine other than the one traced.
@@ -109,7 +111,7 @@ def _tracelens_agreement(name: str, path: Path) -> str | None:
         with open(gemm, newline="") as fh:
             dtypes = {r["param: dtype_A_B"] for r in csv.DictReader(fh)}
         ours = {g.dtype for g in gd.analyze_trace(path).gemm_shapes() if g.gpu_us}
-        text += f"; GEMM dtypes {sorted(ours)} vs TraceLens {sorted(dtypes)}"
+        text += f"; GEMM dtypes {sorted(map(str, ours))} vs TraceLens {sorted(dtypes)}"
     return text
 
 
@@ -130,6 +132,13 @@ def run(path: Path, top: int, refs: dict[str, Any]) -> list[str]:
         f"   tensor-core share {_pct(report.tensor_core_share)}, "
         f"communication share of kernel time {_pct(comm)}",
     ]
+    att = report.attention()
+    if att.found:
+        lines.append(
+            f"   attention: {att.eager_calls} eager ({att.eager_us / 1e3:.1f} ms), "
+            f"{att.math_calls} SDPA math, {att.fused_calls} fused "
+            f"({', '.join(att.fused_backends) or '-'}, {att.fused_us / 1e3:.1f} ms)"
+        )
     for i, f in enumerate(diagnosis.findings[:top], 1):
         gain = "n/a" if f.estimated_gain is None else f"{100 * f.estimated_gain:.2f}%"
         lines.append(f"   {i}. {f.id} [{f.severity.value}] gain {gain}: {f.message[:110]}")
