@@ -68,3 +68,25 @@ def trace_device(evidence: Any) -> tuple[tuple[int, int] | None, str]:
 def span_us(trace: Any) -> float | None:
     span = trace.time_breakdown().get("span_us")
     return float(span) if span else None
+
+
+# Below these a trace holds too little GPU work for a claim about a run: a launch-bound or
+# precision share of 4 kernels in 300 us says nothing about the job they came from.
+MIN_KERNELS = 10
+MIN_KERNEL_US = 500.0
+
+
+def trace_too_small(trace: Any) -> str | None:
+    """Why a trace with GPU events is too small to judge a run by (None: big enough)."""
+    if trace is None or not getattr(trace, "has_gpu_events", False):
+        return None
+    kernels = sum(k.count for k in trace.kernels() if k.category in ("compute", "communication"))
+    b = trace.time_breakdown()
+    busy_us = float(b.get("compute_us") or 0.0) + float(b.get("communication_us") or 0.0)
+    if kernels >= MIN_KERNELS and busy_us >= MIN_KERNEL_US:
+        return None
+    return (
+        f"{kernels} kernels and {busy_us:.0f} us of kernel time in the analysed window "
+        f"(a claim about a run needs at least {MIN_KERNELS} kernels and "
+        f"{MIN_KERNEL_US / 1e3:g} ms of kernel time)"
+    )

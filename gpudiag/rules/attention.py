@@ -1,15 +1,17 @@
-"""Attention rules: scaled_dot_product_attention falling back to its math path."""
+"""Attention rules: hand-written (eager) attention, and SDPA falling back to its math path."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from gpudiag.rules._facts import trace_source
+from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
 
 CATEGORY = "attention"
 
+EAGER_SHARE = 0.05  # of the run: hand-written attention worth replacing
 MATH_SHARE = 0.05  # of step time (of the outermost operator's time without steps)
 # A fused kernel at least halves attention time: conservative next to what gd.compare measured
 # on a 2-core CPU for a small GPT at sequence 1024 (SDPA flash vs math-path attention: the
@@ -30,12 +32,17 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     steps = [s.duration_us for s in trace.steps() if s.in_window]
     window = sum(steps) if steps else (ops[0].total_us if ops else 0.0)
     share = math[0].total_us / window if window > 0 else 0.0
+    use = trace.attention()
+    if use.math_calls and use.timed_on == "gpu" and span_us(trace):
+        # On a GPU trace the operator's host time is launch time: its kernels tell the cost.
+        share = use.math_us / (span_us(trace) or 1.0)
     if share < MATH_SHARE:
         return
     src = trace_source(trace)
+    gain = share * _FUSED_SAVING
     yield Finding(
         "attention.sdpa_math_fallback",
-        Severity.MEDIUM,
+        min(Severity.MEDIUM, severity_for_gain(gain), key=lambda s: s.rank),
         CATEGORY,
         f"scaled_dot_product_attention runs its math backend ({math[0].count} calls): no fused "
         "kernel was chosen (dtype, mask, head size or dropout ruled them out)",
@@ -49,5 +56,73 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
         fix=FixRef("attention.backend", {"backend": "flash"}),
         instruction="force a backend with torch.nn.attention.sdpa_kernel to see why it is "
         "refused (the warning names the reason); fp16/bf16 and head size <= 256 suit flash",
-        estimated_gain=share * _FUSED_SAVING,
+        estimated_gain=gain,
+    )
+
+
+def _run_us(trace: Any, timed_on: str) -> float:
+    """The time a share of the run is taken of: the GPU span on a GPU trace; the steps (or
+    the outermost operator) on a CPU-only one, where operators' own time is their work."""
+    if timed_on == "gpu":
+        return span_us(trace) or 0.0
+    steps = [s.duration_us for s in trace.steps() if s.in_window]
+    if steps:
+        return float(sum(steps))
+    ops = trace.top_cpu_ops(1)
+    return float(ops[0].total_us) if ops else 0.0
+
+
+@rule("attention.eager", category=CATEGORY, needs=("trace",))
+def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Hand-written attention (matmul -> scale/mask -> softmax -> matmul) instead of a fused
+    kernel, costed from the operator tree."""
+    trace = evidence.trace
+    use = trace.attention()
+    if use.eager_calls == 0:
+        return
+    run = _run_us(trace, use.timed_on)
+    if run <= 0:
+        return
+    share = use.eager_us / run
+    if share < EAGER_SHARE:
+        return
+    gain = share * _FUSED_SAVING
+    src = trace_source(trace)
+    what = "kernel time" if use.timed_on == "gpu" else "operator time (CPU-only trace)"
+    items = [
+        Evidence("eager attention calls", use.eager_calls, "", src),
+        Evidence("operators of one call", " -> ".join(use.pattern), "", src),
+        Evidence("forward (QK^T through PV)", round(use.forward_us / 1e3, 2), f"ms {what}", src),
+        Evidence("of it in softmax", round(use.softmax_us / 1e3, 2), "ms", src),
+        Evidence(
+            "backward",
+            round(use.backward_us / 1e3, 2),
+            "ms (softmax backward measured, the products' backward estimated as 2x forward)",
+            src,
+        ),
+        Evidence("share of the run", round(100 * share, 1), "%", src),
+    ]
+    if use.fused_calls:
+        items.append(
+            Evidence(
+                "fused attention calls beside them",
+                f"{use.fused_calls} ({', '.join(use.fused_backends)})",
+                source=src,
+            )
+        )
+    yield Finding(
+        "attention.eager",
+        severity_for_gain(gain),
+        CATEGORY,
+        f"hand-written attention (softmax between two matmuls, {use.eager_calls} calls) takes "
+        f"{share:.0%} of the run, {use.softmax_us / max(use.forward_us, 1e-9):.0%} of its "
+        "forward in softmax: a fused attention kernel never writes the seq x seq matrix",
+        tuple(items),
+        threshold=f"eager attention (forward + backward) >= {EAGER_SHARE:.0%} of the run",
+        fix=FixRef("attention.backend", {"backend": "sdpa"}),
+        instruction="call torch.nn.functional.scaled_dot_product_attention(q, k, v, "
+        "attn_mask=..., dropout_p=...) instead of softmax(q @ k.transpose(-2, -1) * scale) @ v; "
+        'a Hugging Face model: from_pretrained(..., attn_implementation="sdpa") (or '
+        '"flash_attention_2" with flash-attn installed)',
+        estimated_gain=gain,
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudiag._report import card, esc, jsonable
-from gpudiag.rules.finding import Finding, NotEvaluated, Severity
+from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
 
 # One module per family of rules; each registers its rules with @rule on import.
 FAMILIES: tuple[str, ...] = (
@@ -209,6 +209,7 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
     findings: list[Finding] = []
     skipped: list[NotEvaluated] = []
     evaluated: list[str] = []
+    too_small = _too_small(evidence)
     for r in rules.values():
         if wanted is not None and r.id not in wanted:
             continue
@@ -221,7 +222,12 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
             if isinstance(f, NotEvaluated):
                 skipped.append(f)
             else:
-                findings.append(f if f.rule else _with_rule(f, r.id))
+                f = _sized(f if f.rule else _with_rule(f, r.id))
+                if too_small is not None and _from_trace(r):
+                    f = _unjudged(f)
+                findings.append(f)
+    if too_small is not None:
+        findings.append(_too_small_finding(evidence, too_small))
     findings.sort(key=_rank_key)
     sources = []
     if evidence.system is not None:
@@ -243,6 +249,56 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
         tuple(sources),
         workload=evidence.workload,
         system=evidence.system,
+    )
+
+
+def _too_small(evidence: EvidenceBundle) -> str | None:
+    from gpudiag.rules._facts import trace_too_small
+
+    return trace_too_small(evidence.trace)
+
+
+def _from_trace(r: Rule) -> bool:
+    return "trace" in r.needs or "gpu_trace" in r.needs
+
+
+def _sized(f: Finding) -> Finding:
+    """A finding whose severity is above what its estimated gain of the run earns, lowered
+    to it (a rule may judge lower, for its own reasons, never higher)."""
+    import dataclasses
+
+    if f.estimated_gain is None:
+        return f
+    earned = severity_for_gain(f.estimated_gain)
+    return dataclasses.replace(f, severity=earned) if f.severity.rank > earned.rank else f
+
+
+def _unjudged(f: Finding) -> Finding:
+    """A trace finding from a trace too small to judge by: kept, as information only."""
+    import dataclasses
+
+    return dataclasses.replace(
+        f,
+        severity=Severity.INFO,
+        estimated_gain=None,
+        message=f.message + " (from a trace too small to judge a run by)",
+    )
+
+
+def _too_small_finding(evidence: EvidenceBundle, why: str) -> Finding:
+    from gpudiag.rules._facts import trace_source
+
+    return Finding(
+        "trace.too_small",
+        Severity.LOW,
+        "trace",
+        "the trace holds too little GPU work for a claim about the run: its findings are "
+        "information only",
+        (Evidence("trace size", why, source=trace_source(evidence.trace)),),
+        threshold="fewer than 10 kernels, or under 0.5 ms of kernel time, in the window",
+        instruction="profile several full training steps (torch.profiler schedule with "
+        "warmup=1, active=3 and prof.step() per step) and diagnose that trace",
+        rule="trace.too_small",
     )
 
 

@@ -21,6 +21,19 @@ class Severity(str, enum.Enum):
         return {"high": 3, "medium": 2, "low": 1, "info": 0}[self.value]
 
 
+# Severity follows the estimated gain over the whole run (not a share of compute time): a
+# tenth of the run is worth acting on first, a few percent is worth a try, less is a detail.
+HIGH_GAIN = 0.10
+MEDIUM_GAIN = 0.03
+
+
+def severity_for_gain(gain: float) -> Severity:
+    """The severity that an estimated gain (a fraction of the whole run) earns."""
+    if gain >= HIGH_GAIN:
+        return Severity.HIGH
+    return Severity.MEDIUM if gain >= MEDIUM_GAIN else Severity.LOW
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """One number behind a finding, with its unit and where it came from."""

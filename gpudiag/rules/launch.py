@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
 
 CATEGORY = "launch overhead"
 
@@ -24,7 +24,7 @@ def launch_bound(evidence: EvidenceBundle) -> Iterator[Finding]:
     gain = stats.short_host_wait_share
     yield Finding(
         "launch.launch_bound",
-        Severity.HIGH if (gain or 0.0) >= 0.20 else Severity.MEDIUM,
+        severity_for_gain(gain) if gain is not None else Severity.MEDIUM,
         CATEGORY,
         f"launch-bound: {stats.short_kernels} of {stats.kernels} kernels run under 10 us and the "
         "GPU waits on the host between them",

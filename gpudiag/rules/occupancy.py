@@ -13,16 +13,36 @@ CATEGORY = "occupancy"
 
 HOT_SHARE = 0.05  # of all kernel time
 LOW_OCCUPANCY = 0.25
-# Vendor-tuned kernels pick big tiles and low occupancy on purpose: advice to change their
-# block size would be noise.
-_TUNED = re.compile(
-    r"gemm|cudnn|cutlass|xmma|cublas|nccl|flash|fmha|sm\d\d_|volta_|ampere_|hopper_", re.I
+# Library kernels pick big tiles, persistent grids, warp specialisation and many registers on
+# purpose (cuBLAS/cuBLASLt nvjet, CUTLASS, cuDNN, flash/fused attention, AMD Tensile,
+# hipBLASLt, Composable Kernel, aiter), and PyTorch's own ATen kernels are not the user's to
+# relaunch: block-size advice for them is noise. Occupancy advice is for the user's own CUDA
+# kernels and Triton kernels (names as the profiler records them, mangled ones included), and
+# not for matrix products among them (Triton matmuls keep few warps on purpose, like cuBLAS).
+_LIBRARY = re.compile(
+    r"gemm|gemv|matmul|cudnn|cutlass|xmma|cublas|nvjet|nccl|rccl|flash|fmha|attn|attention|"
+    r"sm\d{2,3}a?_|volta_|turing_|ampere_|hopper_|blackwell_|Cijk_|tensile|hipblaslt|rocblas|"
+    r"miopen|ck_tile|ck::|aiter|deep_?gemm|marlin|flashinfer|cufft|fft\d|cusparse|cusolver|"
+    r"curand|magma|transformer_engine|"
+    r"at::|at6native|c10::|cub::|thrust::|cunn_|softmax_warp|triton_tem_",
+    re.I,
 )
+
+
+def is_library_kernel(name: str) -> bool:
+    """Whether a kernel comes from a tuned library or PyTorch itself, not the user's code."""
+    return _LIBRARY.search(name) is not None
+
+
+def _is_triton(name: str, launched_by: str | None) -> bool:
+    # Inductor's kernels are named triton_*; a user's @triton.jit kernel is recorded as a CPU
+    # op of the kernel's own name.
+    return name.startswith("triton") or (launched_by is not None and launched_by == name)
 
 
 @rule("occupancy.low", category=CATEGORY, needs=("gpu_trace",))
 def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """Hot non-library kernels with low theoretical occupancy, with the limiting resource."""
+    """Hot kernels of the user (own CUDA or Triton) with low theoretical occupancy, and why."""
     from gpudiag.analysis.occupancy import best_block_size
     from gpudiag.errors import GpuDiagError
 
@@ -30,7 +50,7 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
     cc, name = trace_device(evidence)
     src = trace_source(trace)
     for k in trace.top_kernels(10):
-        if k.share < HOT_SHARE or k.category != "compute" or _TUNED.search(k.name):
+        if k.share < HOT_SHARE or k.category != "compute" or is_library_kernel(k.name):
             continue
         occ = k.theoretical_occupancy
         if occ is None or occ >= LOW_OCCUPANCY:
@@ -44,7 +64,13 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
             Evidence("threads per block", threads, source=src),
             Evidence("registers per thread", k.registers_per_thread, source=src),
         ]
-        advice = "reduce registers (__launch_bounds__, -maxrregcount) or shared memory per block"
+        triton = _is_triton(k.name, k.launched_by)
+        advice = (
+            "lower num_warps or the BLOCK sizes in the kernel's triton.Config (under "
+            "torch.compile, mode='max-autotune' searches them)"
+            if triton
+            else "reduce registers (__launch_bounds__, -maxrregcount) or shared memory per block"
+        )
         if cc is not None and k.registers_per_thread:
             try:
                 size, best = best_block_size(
@@ -52,7 +78,7 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
                 )
             except (GpuDiagError, ValueError):
                 size, best = 0, None
-            if best is not None and best.occupancy > occ + 0.05:
+            if best is not None and best.occupancy > occ + 0.05 and not triton:
                 items.append(
                     Evidence(
                         "occupancy at block size " + str(size),
@@ -74,5 +100,6 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
             tuple(items),
             threshold=f"kernel >= {HOT_SHARE:.0%} of kernel time, occupancy < {LOW_OCCUPANCY:.0%}",
             instruction=advice
-            + "; low occupancy only hurts latency-bound kernels: check with Nsight Compute",
+            + "; low occupancy mainly hurts memory-bound kernels (element-wise, reductions), "
+            "which need many warps in flight to hide memory latency: check with Nsight Compute",
         )

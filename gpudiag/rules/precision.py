@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+from gpudiag.rules.finding import (
+    Evidence,
+    Finding,
+    FixRef,
+    NotEvaluated,
+    Severity,
+    severity_for_gain,
+)
 
 CATEGORY = "precision"
 
@@ -36,9 +46,73 @@ def _fix_for(cc: tuple[int, int]) -> tuple[FixRef, str]:
     )
 
 
+# Kernel names that say the dtype, for traces recorded without input types: cuBLAS/cuDNN's
+# s-prefixed fp32 kernels (sgemm, scudnn, gcgemm), templates on float, Tensile's single
+# precision "_SB_"; and the half/bf16/8-bit spellings (h884, bf16, Tensile "BBS"/"HHS").
+_FP32_KERNEL = re.compile(r"sgemm|scudnn|gcgemm|<float\b|f32f32_f32f32|^Cijk_\w*?_SB_", re.I)
+_REDUCED_KERNEL = re.compile(
+    r"h884|h1688|h16816|hgemm|bf16|fp16|half|bfloat16|e4m3|e5m2|i8816|int8|_BBS_|_HHS_|_BB_",
+    re.I,
+)
+
+
+@dataclass(frozen=True)
+class _Fp32Work:
+    """Eligible time off tensor cores that ran in fp32, and where the dtype was read."""
+
+    off_tensor_cores_us: float
+    by_dtype_us: dict[str, float]  # eligible GPU time per dtype, where it was read
+    read_from: str
+
+
+def _fp32_work(trace: Any, unused_us: float) -> _Fp32Work | None:
+    """How much of ``unused_us`` (eligible time off tensor cores) ran in fp32 (None: the
+    trace says no dtype). The operators' recorded input types decide; kernel names only when
+    the trace has none. Time not tied to a typed operator (backward kernels) is split as the
+    typed time is."""
+    by_dtype: dict[str, float] = {}
+    off_typed = off_fp32 = 0.0
+    for op in trace.shaped_ops():
+        if op.dtype is None or not op.gpu_us:
+            continue
+        by_dtype[op.dtype] = by_dtype.get(op.dtype, 0.0) + op.gpu_us
+        off = max(op.gpu_us - (op.tensor_core_us or 0.0), 0.0)
+        off_typed += off
+        off_fp32 += off if op.dtype == "fp32" else 0.0
+    typed = sum(by_dtype.values())
+    if typed > 0:
+        rest = max(unused_us - off_typed, 0.0) * by_dtype.get("fp32", 0.0) / typed
+        return _Fp32Work(off_fp32 + rest, by_dtype, "operator input types")
+    named: dict[str, float] = {}
+    for k in trace.kernels():
+        if k.category != "compute" or k.tensor_cores or not k.launched_by:
+            continue
+        if not is_tensor_core_eligible_op(k.launched_by):
+            continue
+        dtype = (
+            "fp32"
+            if _FP32_KERNEL.search(k.name)
+            else "bf16/fp16"
+            if _REDUCED_KERNEL.search(k.name)
+            else None
+        )
+        if dtype is not None:
+            named[dtype] = named.get(dtype, 0.0) + k.total_us
+    if not named:
+        return None
+    fp32_share = named.get("fp32", 0.0) / sum(named.values())
+    return _Fp32Work(unused_us * fp32_share, named, "kernel names (no input types recorded)")
+
+
+def _dtype_text(by_dtype: dict[str, float]) -> str:
+    total = sum(by_dtype.values())
+    parts = sorted(by_dtype.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{d} {100 * us / total:.0f}%" for d, us in parts)
+
+
 @rule("precision.tensor_cores", category=CATEGORY, needs=("gpu_trace",))
 def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
-    """Tensor-core-eligible matmul/convolution time that ran on fp32 CUDA cores."""
+    """Tensor-core-eligible matmul/convolution time that ran in fp32 on the CUDA cores."""
     trace = evidence.trace
     cc, name = trace_device(evidence)
     if cc is None:
@@ -54,9 +128,19 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
         )
         return
     compute_us = sum(u.compute_us for u in uses)
-    unused = sum(u for u in unused_us if u is not None)
-    if compute_us <= 0:
+    unused_names = sum(u for u in unused_us if u is not None)
+    if compute_us <= 0 or unused_names / compute_us < ELIGIBLE_UNUSED:
         return
+    # A precision finding asserts a dtype: it must have read it (bf16 GEMMs whose kernel
+    # names gpudiag does not know are not fp32 work off the tensor cores).
+    work = _fp32_work(trace, unused_names)
+    if work is None:
+        yield NotEvaluated(
+            "precision.tensor_cores",
+            "the dtype the matmuls ran in (profile with record_shapes=True)",
+        )
+        return
+    unused = work.off_tensor_cores_us
     unused_share = unused / compute_us
     if unused_share < ELIGIBLE_UNUSED:
         return
@@ -68,7 +152,10 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     src = trace_source(trace)
     items = [
         Evidence(
-            "eligible time off tensor cores", round(100 * unused_share, 1), "% of compute", src
+            "fp32 eligible time off tensor cores", round(100 * unused_share, 1), "% of compute", src
+        ),
+        Evidence(
+            "matmul/convolution time by dtype", _dtype_text(work.by_dtype_us), "", work.read_from
         ),
         Evidence("tensor-core share of compute time", round(100 * tc_share, 1), "%", src),
         Evidence("GPU", f"{name} (cc {cc[0]}.{cc[1]})", source=src),
@@ -85,22 +172,23 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     span = span_us(trace)
     gain = unused * _TENSOR_CORE_SAVING / span if span else None
     severity = (
-        Severity.HIGH
-        if unused_share >= 0.25
+        severity_for_gain(gain)
+        if gain is not None
         else Severity.MEDIUM
         if unused_share >= 0.10
         else Severity.LOW
     )
     fix, how = _fix_for(cc)
-    what = "no tensor cores at all" if tc_share < 0.01 else f"{tc_share:.0%} tensor-core time"
     yield Finding(
         "precision.fp32_on_tensor_cores",
         severity,
         CATEGORY,
-        f"{unused_share:.0%} of GPU compute time is fp32 matmul/convolution on a GPU with tensor "
-        f"cores ({what})",
+        f"{unused_share:.0%} of GPU compute time is fp32 matmul/convolution off the tensor "
+        f"cores (dtype from {work.read_from}: {_dtype_text(work.by_dtype_us)}; kernel names "
+        f"show {tc_share:.0%} tensor-core time)",
         tuple(items),
-        threshold=f"cc >= 7.0, eligible time off tensor cores >= {ELIGIBLE_UNUSED:.0%} of compute",
+        threshold=f"cc >= 7.0, fp32 eligible time off tensor cores >= {ELIGIBLE_UNUSED:.0%} of "
+        "compute (dtype read from the operators' input types, else from kernel names)",
         fix=fix,
         instruction=how,
         estimated_gain=gain,

@@ -9,7 +9,7 @@ from typing import Any
 from gpudiag.analysis.costed_ops import DTYPE_BYTES, MATMUL_OPS
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity
+from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
 
 CATEGORY = "shapes"
 RULE = "shapes.gemm_alignment"
@@ -151,10 +151,13 @@ def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]
     compute_us = _compute_us(trace)
     if compute_us <= 0:
         return
+    # Attention's products (Q K^T, P V) have the sequence length and head size as sizes: the
+    # fix there is a fused attention backend (attention.eager), not padding the data.
     hot = [
         u
         for s in shapes
-        if (s.gpu_us or 0.0) >= HOT_SHARE * compute_us
+        if not s.in_attention
+        and (s.gpu_us or 0.0) >= HOT_SHARE * compute_us
         and (u := _unaligned(s, (s.gpu_us or 0.0) / compute_us, on_tensor_cores)) is not None
     ]
     if sum(u.share for u in hot) < MIN_SHARE:
@@ -207,9 +210,10 @@ def _finding(
         )
     span = span_us(trace)
     top = hot[0]
+    gain = share * compute_us * _PADDING_SAVING / span if span else None
     return Finding(
         RULE,
-        Severity.HIGH if share >= 0.25 else Severity.MEDIUM if share >= 0.10 else Severity.LOW,
+        severity_for_gain(gain) if gain is not None else Severity.LOW,
         CATEGORY,
         f"{share:.0%} of GPU compute time is in GEMMs with a size that is not a multiple of "
         f"{requirement} ({top.shape.name} {_dims_text(list(top.dims)[:2])}): tensor cores run "
@@ -218,8 +222,9 @@ def _finding(
         threshold=(
             f"cc >= 7.0; a GEMM's M, N or K not a multiple of {ALIGN_BYTES} bytes (8 fp16/bf16, "
             f"16 int8/fp8, 4 TF32 elements) in shapes of >= {HOT_SHARE:.1%} of GPU compute, "
-            f">= {MIN_SHARE:.0%} together"
+            f">= {MIN_SHARE:.0%} together; attention's Q K^T and P V products left out (their "
+            "sizes are the sequence length and head size)"
         ),
         instruction="; ".join(steps),
-        estimated_gain=share * compute_us * _PADDING_SAVING / span if span else None,
+        estimated_gain=gain,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag.analysis.trace.attention import attention_use
 from gpudiag.analysis.trace.breakdown import (
     GpuRows,
     comm_compute_overlap,
@@ -104,7 +105,17 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
     kernels = kernel_table(ev, cols, op_names)
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
-    shaped = shaped_ops(ev, nesting, window.host, steps, win_rows, op_rows, cols.tensor_cores)
+    attention = attention_use(ev, nesting, window.host, win_rows, op_rows)
+    shaped = shaped_ops(
+        ev,
+        nesting,
+        window.host,
+        steps,
+        win_rows,
+        op_rows,
+        cols.tensor_cores,
+        attention_rows=attention.matmul_rows,
+    )
     launches = (
         launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
         if breakdown is not None
@@ -182,6 +193,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         notes=tuple(notes),
         metadata=trace.metadata,
         shaped_ops=shaped,
+        attention=attention,
     )
 
 

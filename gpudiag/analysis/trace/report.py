@@ -6,10 +6,11 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.trace.attention import AttentionUse
 from gpudiag.analysis.trace.breakdown import StreamIdle, TimeBreakdown
 from gpudiag.analysis.trace.cpu_ops import CpuOpStats
 from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
@@ -78,6 +79,7 @@ class RankReport:
     notes: tuple[str, ...]
     metadata: Mapping[str, Any]
     shaped_ops: tuple[ShapedOp, ...] = ()  # outermost matmul/conv/attention calls in the window
+    attention: AttentionUse = field(default_factory=AttentionUse)  # eager and fused attention
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -126,6 +128,7 @@ class RankReport:
             "sync_sites": [s.to_dict() for s in self.sync_sites],
             "steps": [s.to_dict() for s in self.steps],
             "dataloader_share": jsonable(self.dataloader_share),
+            "attention": self.attention.to_dict(),
             "notes": list(self.notes),
             "metadata": jsonable(
                 {k: v for k, v in self.metadata.items() if not isinstance(v, (list, dict))}
@@ -283,6 +286,11 @@ class TraceReport:
         outermost of a nest: ``aten::linear``, not the ``aten::addmm`` inside it), in time order
         per rank. Shapes are empty when the trace was recorded without ``record_shapes``."""
         return tuple(op for r in self._selected(rank) for op in r.shaped_ops)
+
+    def attention(self, rank: int | None = None) -> AttentionUse:
+        """Eager (hand-written or SDPA math) and fused attention, read from the operator
+        tree, with its time (all ranks together by default)."""
+        return AttentionUse.merged(r.attention for r in self._selected(rank))
 
     def gemm_shapes(self, rank: int | None = None) -> tuple[GemmShape, ...]:
         """Matmul-like calls grouped by (operator, input shapes, dtype) with M, N, K and batch,

@@ -101,6 +101,9 @@ class ShapedOp:
     # ``aten::linear``): under autocast the outer operator records its inputs before the
     # cast, the inner one the dtype the work ran in. Empty when nothing costed is nested.
     compute_types: tuple[str, ...] = ()
+    # A product of attention (Q K^T or P V of an eager attention call): its sizes are the
+    # sequence length and head size, which a fused attention backend handles, not padding.
+    in_attention: bool = False
 
     @property
     def dtype(self) -> str | None:
@@ -148,6 +151,7 @@ class GemmShape:
     gpu_us: float | None  # summed over the calls; None when the trace cannot tell
     tensor_core_us: float | None
     cpu_us: float
+    in_attention: bool = False  # the products of eager attention (see ShapedOp)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = fields_json(self)
@@ -163,10 +167,10 @@ def _sum(values: list[float | None]) -> float | None:
 def gemm_shapes(ops: Iterable[ShapedOp]) -> tuple[GemmShape, ...]:
     """Matmul-like calls grouped by (name, shapes, dtype), most GPU time first (host time
     when no GPU time is known)."""
-    groups: dict[tuple[str, tuple[Shape, ...], str | None], list[ShapedOp]] = {}
-    dims_of: dict[tuple[str, tuple[Shape, ...], str | None], GemmDims] = {}
+    groups: dict[tuple[str, tuple[Shape, ...], str | None, bool], list[ShapedOp]] = {}
+    dims_of: dict[tuple[str, tuple[Shape, ...], str | None, bool], GemmDims] = {}
     for op in ops:
-        key = (op.name, op.input_shapes, op.dtype)
+        key = (op.name, op.input_shapes, op.dtype, op.in_attention)
         if key not in groups:
             dims = op.gemm
             if dims is None:
@@ -184,6 +188,7 @@ def gemm_shapes(ops: Iterable[ShapedOp]) -> tuple[GemmShape, ...]:
             gpu_us=_sum([c.gpu_us for c in calls]),
             tensor_core_us=_sum([c.tensor_core_us for c in calls]),
             cpu_us=sum(c.cpu_us for c in calls),
+            in_attention=key[3],
         )
         for key, calls in groups.items()
     ]
@@ -236,11 +241,13 @@ def shaped_ops(
     gpu_rows: I64,
     op_of_row: I64,
     tensor_cores: Bool,
+    attention_rows: frozenset[int] = frozenset(),
 ) -> tuple[ShapedOp, ...]:
     """The outermost costed operators among the ``host`` rows, in time order.
 
     ``op_of_row[i]``: the operator row that launched GPU row ``gpu_rows[i]`` (-1: unknown);
-    ``tensor_cores[i]``: whether that GPU row ran on tensor cores.
+    ``tensor_cores[i]``: whether that GPU row ran on tensor cores; ``attention_rows``: the
+    rows of attention's products (``ShapedOp.in_attention``).
     """
     costed_ids = np.array([i for i, n in enumerate(events.names) if n in COSTED_OPS], np.int32)
     if costed_ids.size == 0:
@@ -302,6 +309,8 @@ def shaped_ops(
                 tensor_core_us=tc_us.get(row, 0.0) if gpu_known else None,
                 step=steps[si].number if si >= 0 else None,
                 compute_types=nested.types or (),
+                # The product itself, or the costed call inside it (an einsum's bmm).
+                in_attention=row in attention_rows or int(nesting.parent_op[row]) in attention_rows,
             )
         )
     out.sort(key=lambda o: o.ts)
