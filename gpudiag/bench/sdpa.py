@@ -360,7 +360,12 @@ def _peak_memory(target: _env.Target, step: Callable[[], None]) -> tuple[int | N
     # total of torch allocations, whose maximum is the peak.
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
+    with (
+        quiet_profiler_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     running = peak_bytes = 0

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._native_stderr import quiet_profiler_stderr
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe import cuda
 
@@ -87,14 +88,17 @@ def profile(
         saved.append(path)
 
     total = wait + warmup + steps
-    with torch_profile(
-        activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
-        on_trace_ready=save,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
-    ) as prof:
+    with (
+        quiet_profiler_stderr(),
+        torch_profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+            on_trace_ready=save,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        ) as prof,
+    ):
         for i in range(total):
             fn(*args, **kwargs)
             if on_gpu and i == total - 1:
