@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -390,7 +391,7 @@ def attention(
     warmup: int = 2,
     max_time_s: float | None = None,
     system: Any = None,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
     seed: int = 0,
 ) -> AttentionResult:
     """Time attention backends per sequence length, forward and backward, with peak memory.
@@ -405,7 +406,6 @@ def attention(
     flash-attn and Transformer Engine paths, and every GPU path, are untested on a real GPU.
     """
     import torch
-    from tqdm.auto import tqdm
 
     target = _env.resolve_device(device)
     if dtype is None:
@@ -442,7 +442,7 @@ def attention(
         for n in chosen
     }
     cases = [(n, s) for n in chosen for s in seqs]
-    for name, seq in tqdm(cases, desc="attention", disable=not progress, leave=False):
+    for name, seq in iterate(cases, "attention", resolve(progress, "bench")):
         runner = runners[name]
         untested = name in UNTESTED_ON_GPU
         if isinstance(runner, str):

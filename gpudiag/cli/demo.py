@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from gpudiag import workloads
+    from gpudiag._progress import ProgressBar
     from gpudiag.experiment.compare import compare
     from gpudiag.profiling import profile
 
@@ -49,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    print(profile(train_step, steps=2, warmup=1))
+    with ProgressBar("demo") as bar:
+        report = profile(train_step, steps=2, warmup=1, on_progress=bar)
+    print(report)
 
     _section("Before/after on the demo GPT: bf16 autocast and SDPA attention")
     comparison = compare(
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         fixes=["precision.bf16", "attention.backend=flash"],
         system=system,
         time_budget_s=args.budget,
-        progress=False,
+        progress=True,
     )
     print(comparison)
     print("\nRecipe of what helped:\n")

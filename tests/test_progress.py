@@ -1,0 +1,145 @@
+"""Progress of long waits: the callbacks measurements make, and the bar that shows them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpudiag._progress import Progress, ProgressBar, disabled_by_env, iterate, running
+from gpudiag.experiment.batch_scaling import batch_scaling
+from gpudiag.experiment.compare import compare
+from gpudiag.profiling import profile
+from tests.experiment.test_batch_fixes import clocked_workload
+from tests.experiment.test_compare_fake_clock import fake_step
+
+
+def _recorder() -> tuple[list[tuple[str, int, int, bool]], Any]:
+    events: list[tuple[str, int, int, bool]] = []
+
+    def on_progress(p: Progress) -> None:
+        events.append((p.stage, p.done, p.total, p.finished))
+
+    return events, on_progress
+
+
+def test_profile_reports_each_call_then_finishes(tmp_path: Path) -> None:
+    events, on_progress = _recorder()
+    model = torch.nn.Linear(8, 8)
+    profile(
+        lambda: model(torch.ones(2, 8)).sum().backward(),
+        steps=2,
+        warmup=1,
+        wait=1,
+        trace_dir=tmp_path,
+        on_progress=on_progress,
+    )
+    assert events == [
+        ("profile", 1, 4, False),
+        ("profile", 2, 4, False),
+        ("profile", 3, 4, False),
+        ("profile", 4, 4, False),
+        ("profile", 0, 0, True),
+    ]
+
+
+def test_batch_scaling_that_stops_early_still_finishes(fake_clock: Any) -> None:
+    events, on_progress = _recorder()
+    wl = clocked_workload(fake_clock, batch_size=64)  # per-sample cost dominates: stops
+    s = batch_scaling(wl, rounds=3, stop_below=0.5, clock=fake_clock, on_progress=on_progress)
+    assert len(s.rounds) == 1
+    assert events == [
+        ("batch scaling", 0, 3, False),
+        ("batch scaling", 1, 3, False),
+        ("batch scaling", 0, 0, True),
+    ]
+
+
+def test_compare_reports_rounds_and_finishes_before_the_round_limit(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    events, on_progress = _recorder()
+    c = compare(
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        system=bf16_cpu,
+        clock=fake_clock,
+        progress=on_progress,
+        measure_memory=False,
+        steps_per_sample=1,
+        min_rounds=5,
+        max_rounds=100,
+    )
+    assert c.rounds == 6  # the verdict is clear long before 100 rounds
+    assert events[0] == ("compare", 0, 100, False)
+    assert [e[1] for e in events[1:-1]] == [1, 2, 3, 4, 5, 6]
+    assert events[-1] == ("compare", 0, 0, True)
+
+
+def test_an_early_finish_closes_the_bar_complete() -> None:
+    bar = ProgressBar("test")
+    bar(Progress("compare", 0, 100))
+    bar(Progress("compare", 23, 100, note="faster"))
+    tqdm_bar = bar.bar
+    assert tqdm_bar is not None
+    assert tqdm_bar.n == 23
+    bar(Progress("compare", finished=True))
+    assert tqdm_bar.n == 100  # filled, not a bar stopped at 23 %
+    assert bar.closed_complete == [True]
+    assert bar.bar is None
+
+
+def test_a_new_stage_completes_the_previous_bar_and_an_error_leaves_it_where_it_stopped() -> None:
+    bar = ProgressBar("test")
+
+    def fails() -> None:
+        with bar:
+            bar(Progress("profile", 1, 4))
+            bar(Progress("batch scaling", 1, 3))
+            raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError):
+        fails()
+    assert bar.closed_complete == [True, False]
+
+
+def test_running_closes_its_own_bar_incomplete_on_error() -> None:
+    seen: list[Any] = []
+
+    def fails() -> None:
+        with running(True) as on_progress:
+            assert isinstance(on_progress, ProgressBar)
+            seen.append(on_progress)
+            on_progress(Progress("compare", 3, 10))
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        fails()
+    assert seen[0].closed_complete == [False]
+    with running(False) as none:
+        assert none is None
+
+
+def test_tqdm_disable_turns_every_bar_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert disabled_by_env({"TQDM_DISABLE": "1"})
+    assert disabled_by_env({"TQDM_DISABLE": "True"})
+    assert not disabled_by_env({"TQDM_DISABLE": "0"})
+    assert not disabled_by_env({})
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    bar = ProgressBar("test")
+    bar(Progress("profile", 1, 4))
+    assert bar.bar is None
+    assert not bar.enabled
+
+
+def test_iterate_reports_each_item_and_finishes() -> None:
+    events, on_progress = _recorder()
+    assert list(iterate(["a", "b"], "matmul", on_progress)) == ["a", "b"]
+    assert events == [
+        ("matmul", 0, 2, False),
+        ("matmul", 1, 2, False),
+        ("matmul", 2, 2, False),
+        ("matmul", 0, 0, True),
+    ]
