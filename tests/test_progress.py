@@ -143,3 +143,30 @@ def test_iterate_reports_each_item_and_finishes() -> None:
         ("matmul", 2, 2, False),
         ("matmul", 0, 0, True),
     ]
+
+
+def test_first_occupancy_shows_a_bar_while_plotly_loads() -> None:
+    """The first ``%gpudiag occupancy`` imports plotly's widget figure (seconds): a bar says so."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from gpudiag.magics.occupancy import _load_plot_library\n"
+        "_load_plot_library()\n"
+        "assert 'plotly.graph_objs' in sys.modules\n"
+    )
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # this checkout's gpudiag
+    err = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stderr
+    assert err.count("occupancy loading plotly (first use only)") >= 1
+    assert "100%" in err
