@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from gpudiag.data import A100_MIG, recording
+from gpudiag.errors import GpuDiagError
 from gpudiag.probe.system import inspect
+
+# Where the demo writes what it makes (relative to the working directory).
+DEFAULT_OUT = "gpudiag-demo"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="only the reports, no experiments")
     parser.add_argument(
         "--budget", type=float, default=40.0, help="seconds the before/after experiment may take"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=DEFAULT_OUT,
+        help=f"folder for the profiler trace and the recipe (default: ./{DEFAULT_OUT})",
     )
 
 
@@ -39,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from gpudiag.experiment.compare import compare
     from gpudiag.profiling import profile
 
+    out = Path(args.out)
+    print(f"\nThe trace and the recipe go into {out}/")
     _section("Profile one training step of the demo GPT (fp32, hand-written attention)")
     gpt = workloads.get("gpt", seq_len=512)
     model, batch, loss_fn = gpt.model, gpt.make_batch(), gpt.loss_fn()
@@ -51,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             optimizer.zero_grad(set_to_none=True)
 
     with ProgressBar("demo") as bar:
-        report = profile(train_step, steps=2, warmup=1, on_progress=bar)
+        report = profile(train_step, steps=2, warmup=1, trace_dir=out / "traces", on_progress=bar)
     print(report)
 
     _section("Before/after on the demo GPT: bf16 autocast and SDPA attention")
@@ -63,6 +77,20 @@ def run(args: argparse.Namespace) -> int:
         progress=True,
     )
     print(comparison)
-    print("\nRecipe of what helped:\n")
-    print(comparison.recipe().to_python())
+    path = save_recipe(comparison, out)
+    print(f"\nRecipe of what helped, written to {path}; to apply it in a training script:\n")
+    print(comparison.recipe().to_python(path=str(path)))
     return 0
+
+
+def save_recipe(comparison: Any, out: Path) -> Path:
+    """Write the comparison's recipe as ``out/recipe.yaml`` (the file its snippet loads)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        saved: Path = comparison.recipe().save(out / "recipe.yaml")
+    except OSError as exc:
+        raise GpuDiagError(
+            f"cannot write the recipe into {out}: {exc.strerror or exc}; "
+            "pass --out a writable folder"
+        ) from None
+    return saved
