@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     _section("A recorded machine: NVIDIA A100-SXM4-80GB with MIG (replay)")
     print(inspect(replay=recording(A100_MIG)))
     _section("Occupancy of a kernel on the A100 (cc 8.0): 256 threads, 64 registers")
-    from gpudiag.analysis.occupancy import best_block_size, occupancy
+    from gpudiag.analysis.occupancy import best_block_size, block_size_advice, occupancy
 
-    print(occupancy((8, 0), threads_per_block=256, regs_per_thread=64))
-    size, best = best_block_size((8, 0), regs_per_thread=64)
-    print(f"best block size for 64 registers/thread: {size} ({best.occupancy:.0%} occupancy)")
+    current = occupancy((8, 0), threads_per_block=256, regs_per_thread=64)
+    print(current)
+    _, best = best_block_size((8, 0), regs_per_thread=64)
+    print("\n".join(block_size_advice(current, best)))
     if args.quick:
         return 0
 
