@@ -19,23 +19,38 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-# Lines torch's profiler prints on every healthy capture (torch 2.4 to 2.13).
+# Messages torch's profiler prints on every healthy capture (torch 2.4 to 2.13). Each is
+# matched wherever it starts: a progress bar's line (written with \r, no newline) may precede it.
 HARMLESS_PATTERNS: tuple[re.Pattern[str], ...] = (
     # Kineto's tracepoints: "USDT:2026-11-24 00:32:29 8648:8648 Sync...cpp:52] profiler_start"
-    re.compile(r"^USDT:.*\bprofiler_(start|stop)\s*$"),
+    re.compile(r"USDT:\S* \S+ \d+:\d+ \S+\] profiler_(start|stop)[ \t]*"),
     # "[W1124 ...CPUAllocator.cpp:245] Memory block of unknown size was allocated before ..."
-    re.compile(r"CPUAllocator\.cpp.*Memory block of unknown size"),
-    # Older Kineto: "STAGE:2024-01-01 ... ActivityProfilerController.cpp:314] Completed Stage"
-    re.compile(r"^STAGE:.*ActivityProfilerController\.cpp.*Completed Stage"),
+    re.compile(r"\[W\d+ [^\]\n]*CPUAllocator\.cpp:\d+\] Memory block of unknown size[^\n]*"),
+    # Older Kineto: "STAGE:2024-01-01 ... ActivityProfilerController.cpp:314] Completed Stage: ..."
+    re.compile(
+        r"STAGE:\S* \S+ \d+:\d+ ActivityProfilerController\.cpp:\d+\] Completed Stage[^\n]*"
+    ),
 )
 
 _lock = threading.Lock()
 _depth = 0
 
 
+def without_harmless(text: str) -> str:
+    """``text`` with the profiler's known messages taken out; a line left empty by that goes."""
+    kept = []
+    for line in re.split(r"(?<=\n)", text):
+        cleaned = line
+        for pattern in HARMLESS_PATTERNS:
+            cleaned = pattern.sub("", cleaned)
+        if cleaned == line or cleaned.strip():
+            kept.append(cleaned)
+    return "".join(kept)
+
+
 def is_harmless(line: str) -> bool:
-    """True for a line that is one of the profiler's known, harmless messages."""
-    return any(p.search(line) for p in HARMLESS_PATTERNS)
+    """True for a line that is nothing but the profiler's known, harmless messages."""
+    return bool(line.strip()) and not without_harmless(line).strip()
 
 
 def _flush() -> None:
@@ -81,8 +96,8 @@ def quiet_profiler_stderr() -> Iterator[None]:
 
 
 def _reemit(text: str) -> None:
-    kept = [line for line in text.splitlines(keepends=True) if not is_harmless(line)]
+    kept = without_harmless(text)
     if kept:
-        sys.stderr.write("".join(kept))
+        sys.stderr.write(kept)
         with contextlib.suppress(Exception):
             sys.stderr.flush()

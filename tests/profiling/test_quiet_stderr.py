@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpudiag._native_stderr import is_harmless, quiet_profiler_stderr
+from gpudiag._native_stderr import is_harmless, quiet_profiler_stderr, without_harmless
 from gpudiag.experiment.memory import measure_peak_memory
 from gpudiag.profiling import profile
 
@@ -118,3 +118,12 @@ def test_cpu_peak_memory_is_quiet(capfd: pytest.CaptureFixture[str]) -> None:
     err = capfd.readouterr().err
     assert "USDT" not in err
     assert "Memory block of unknown size" not in err
+
+
+def test_a_message_after_a_progress_bar_on_the_same_line_goes_and_the_bar_stays() -> None:
+    # tqdm ends its line with \r, not \n: Kineto's message lands right after the bar's text.
+    bar = "\rdemo profile:  67%|######6   | 2/3 [00:02<00:01,  1.06s/it]   "
+    text = f"{bar}{USDT_LINE.replace('start', 'stop')}\n{ALLOCATOR_LINE}\nreal error\n"
+    assert without_harmless(text) == f"{bar}\nreal error\n"
+    assert is_harmless(USDT_LINE + "\n")
+    assert not is_harmless(bar + USDT_LINE)
