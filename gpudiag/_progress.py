@@ -138,16 +138,12 @@ def iterate(
 
 
 @contextlib.contextmanager
-def running(
-    progress: bool | ProgressFn | None, prefix: str = "gpudiag"
-) -> Iterator[ProgressFn | None]:
-    """``resolve(progress)`` for a block; a bar made here is closed where it stopped on error."""
-    on_progress = resolve(progress, prefix)
+def closed_on_error(on_progress: ProgressFn | None) -> Iterator[None]:
+    """When the block raises, a :class:`ProgressBar` is closed where it stopped (not filled):
+    a failed run must not look finished. Finishing a run that went well is the caller's job."""
     try:
-        yield on_progress
+        yield
     except BaseException:
-        if isinstance(on_progress, ProgressBar) and progress is True:
+        if isinstance(on_progress, ProgressBar):
             on_progress.close(complete=False)
         raise
-    if isinstance(on_progress, ProgressBar) and progress is True:
-        on_progress.close(complete=True)

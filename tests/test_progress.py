@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from gpudiag._progress import Progress, ProgressBar, disabled_by_env, iterate, running
+from gpudiag._progress import (
+    Progress,
+    ProgressBar,
+    closed_on_error,
+    disabled_by_env,
+    iterate,
+    resolve,
+)
 from gpudiag.experiment.batch_scaling import batch_scaling
 from gpudiag.experiment.compare import compare
 from gpudiag.profiling import profile
@@ -73,9 +80,11 @@ def test_compare_reports_rounds_and_finishes_before_the_round_limit(
         max_rounds=100,
     )
     assert c.rounds == 6  # the verdict is clear long before 100 rounds
-    assert events[0] == ("compare", 0, 100, False)
-    assert [e[1] for e in events[1:-1]] == [1, 2, 3, 4, 5, 6]
-    assert events[-1] == ("compare", 0, 0, True)
+    rounds = [e for e in events if e[0] == "compare"]
+    assert rounds[0] == ("compare", 0, 100, False)
+    assert [e[1] for e in rounds[1:-1]] == [1, 2, 3, 4, 5, 6]
+    assert rounds[-1] == ("compare", 0, 0, True)
+    assert events[-1] == rounds[-1]
 
 
 def test_an_early_finish_closes_the_bar_complete() -> None:
@@ -105,21 +114,34 @@ def test_a_new_stage_completes_the_previous_bar_and_an_error_leaves_it_where_it_
     assert bar.closed_complete == [True, False]
 
 
-def test_running_closes_its_own_bar_incomplete_on_error() -> None:
-    seen: list[Any] = []
+def test_a_bar_is_closed_incomplete_when_the_run_fails() -> None:
+    bar = resolve(True)
+    assert isinstance(bar, ProgressBar)
+    assert resolve(False) is None
 
     def fails() -> None:
-        with running(True) as on_progress:
-            assert isinstance(on_progress, ProgressBar)
-            seen.append(on_progress)
-            on_progress(Progress("compare", 3, 10))
+        with closed_on_error(bar):
+            bar(Progress("compare", 3, 10))
             raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
         fails()
-    assert seen[0].closed_complete == [False]
-    with running(False) as none:
-        assert none is None
+    assert bar.closed_complete == [False]
+
+
+def test_compare_shows_its_preparation_before_the_rounds(fake_clock: Any, bf16_cpu: Any) -> None:
+    events, on_progress = _recorder()
+    compare(
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        system=bf16_cpu,
+        clock=fake_clock,
+        progress=on_progress,
+        steps_per_sample=1,
+    )
+    preparing = [e for e in events if e[0] == "compare: preparing"]
+    assert [e[1] for e in preparing] == [0, 1, 2]
+    assert events.index(preparing[-1]) < events.index(("compare", 0, 100, False))
 
 
 def test_tqdm_disable_turns_every_bar_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag._progress import ProgressFn, finish, report, running
+from gpudiag._progress import ProgressFn, closed_on_error, finish, report, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.stats import (
     NO_DIFFERENCE,
@@ -484,16 +484,21 @@ def compare(
         else "arms on the user's objects, snapshot, restored and verified after the comparison"
     )
 
+    on_progress = resolve(progress)
     with isolated(*protected) as snapshot:
         arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
         try:
             for arm in arms:
                 arm.open()
             reference = snapshot.named_values(workload.model) if workload.model is not None else {}
+            # Before the rounds: drift check, peak memory, warm-up (a minute on a slow step).
+            report(on_progress, "compare: preparing", 0, 3, "drift check")
             traces = _drift_phase(
                 arms, workload, snapshot, reference, shared, drift_steps, seed, wall
             )
+            report(on_progress, "compare: preparing", 1, 3, "peak memory")
             memory = _memory_phase(arms, device_type) if measure_memory else {}
+            report(on_progress, "compare: preparing", 2, 3, "warm-up")
             k, rounds, stops, measuring_s = _timing_phase(
                 arms,
                 rule,
@@ -502,7 +507,7 @@ def compare(
                 min_sample_s,
                 steps_per_sample,
                 seed,
-                progress,
+                on_progress,
                 clock,
                 wall,
             )
@@ -726,7 +731,7 @@ def _timing_phase(
     min_sample_s: float,
     steps_per_sample: int | None,
     seed: int,
-    progress: bool | ProgressFn,
+    on_progress: ProgressFn | None,
     clock: Callable[[], float] | None,
     wall: Callable[[], float],
 ) -> tuple[int, int, dict[str, str], float]:
@@ -751,7 +756,7 @@ def _timing_phase(
     active = [a for a in arms[1:] if a.error is None]
     rounds = 0
     t0 = wall()
-    with running(progress) as on_progress:
+    with closed_on_error(on_progress):
         report(on_progress, "compare", 0, rule.max_rounds)
         while active and rounds < rule.max_rounds:
             order = [arms[0], *active]
