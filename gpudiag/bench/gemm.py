@@ -9,6 +9,7 @@ from typing import Any
 
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -399,6 +400,8 @@ def matmul(
             )
         )
     peaks = {d: _env.peak_tflops(target, d, system) for d in chosen}
+    swung = noise_warning([(f"{r.dtype} {r.shape}", r.measurement) for r in rows])
+    notes += [swung] if swung else []
     return MatmulResult(target.label, tuple(rows), peaks, unavailable, tuple(notes))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -288,6 +289,8 @@ def bandwidth(
             )
         )
     theoretical = {k: _theoretical(target, k, system) for k in chosen}
+    swung = noise_warning([(f"{r.kind} {r.size_bytes} B", r.measurement) for r in rows])
+    notes += [swung] if swung else []
     return BandwidthResult(
         target.label, tuple(rows), theoretical, unavailable, tuple(notes), cache_bytes
     )

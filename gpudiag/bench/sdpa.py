@@ -10,6 +10,7 @@ from typing import Any
 
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -376,6 +377,10 @@ def _peak_memory(target: _env.Target, step: Callable[[], None]) -> tuple[int | N
     return peak_bytes, "torch profiler memory events (CPU allocations)"
 
 
+# The timed parts of an attention case.
+PARTS = ("forward", "backward")
+
+
 def attention(
     seq_lens: Iterable[int] | None = None,
     backends: Iterable[str] | None = None,
@@ -474,6 +479,10 @@ def attention(
         notes.append(
             "flash-attn / Transformer Engine timings come from code untested on a real GPU"
         )
+    swung = noise_warning(
+        [(f"{r.backend} {r.seq_len} {part}", getattr(r, part)) for r in rows for part in PARTS]
+    )
+    notes += [swung] if swung else []
     return AttentionResult(target.label, dtype, b, h, d, causal, tuple(rows), tuple(notes))
 
 
