@@ -63,8 +63,18 @@ class ProgressBar:
     closes it where it stopped, so a failed run does not look finished.
     """
 
-    def __init__(self, prefix: str = "gpudiag", *, enabled: bool = True, leave: bool = True):
+    def __init__(
+        self,
+        prefix: str = "gpudiag",
+        *,
+        enabled: bool = True,
+        leave: bool = True,
+        output: contextlib.AbstractContextManager[Any] | None = None,
+    ):
         self.prefix = prefix
+        # Where a notebook bar is displayed: an ipywidgets.Output (a button's callback has no
+        # cell of its own to show it in); None: where the code runs.
+        self.output = output
         self.enabled = enabled and not disabled_by_env()
         self.leave = leave
         self.bar: Any = None
@@ -82,9 +92,12 @@ class ProgressBar:
             from tqdm.auto import tqdm
 
             self.stage = event.stage
-            self.bar = tqdm(
-                total=event.total or None, desc=f"{self.prefix} {event.stage}", leave=self.leave
-            )
+            with self.output if self.output is not None else contextlib.nullcontext():
+                self.bar = tqdm(
+                    total=event.total or None,
+                    desc=f"{self.prefix} {event.stage}",
+                    leave=self.leave,
+                )
         if event.total and self.bar.total != event.total:
             self.bar.total = event.total
         self.bar.n = min(event.done, event.total) if event.total else event.done

@@ -192,3 +192,22 @@ def test_first_occupancy_shows_a_bar_while_plotly_loads() -> None:
     ).stderr
     assert err.count("occupancy loading plotly (first use only)") >= 1
     assert "100%" in err
+
+
+def test_a_bar_can_be_shown_inside_an_output_widget() -> None:
+    """A Try-it button's callback has no cell: its bar goes into the card's Output widget."""
+    entered: list[str] = []
+
+    class Output:
+        def __enter__(self) -> None:
+            entered.append("in")
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append("out")
+
+    bar = ProgressBar("Try it", output=Output())
+    bar(Progress("compare", 0, 10))
+    bar(Progress("compare", 4, 10))  # the same bar: no second display
+    bar(Progress("compare", finished=True))
+    assert entered == ["in", "out"]
+    assert bar.closed_complete == [True]
