@@ -211,3 +211,23 @@ def test_a_bar_can_be_shown_inside_an_output_widget() -> None:
     bar(Progress("compare", finished=True))
     assert entered == ["in", "out"]
     assert bar.closed_complete == [True]
+
+
+def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
+    from gpudiag.experiment.workload import Workload
+    from gpudiag.rules import diagnose
+
+    events, on_progress = _recorder()
+    model = torch.nn.Linear(16, 4)
+    workload = Workload(
+        model,
+        batch=lambda n: torch.randn(n, 16),
+        loss=lambda m, b: m(b).square().mean(),
+        batch_size=4,
+    )
+    diagnose(workload, steps=2, on_progress=on_progress)
+    stages = [e[0] for e in events]
+    assert stages.index("profile") < stages.index("batch scaling")
+    assert [e for e in events if e[0] == "profile"][-1] == ("profile", 0, 0, True)
+    assert [e for e in events if e[0] == "batch scaling"][-1] == ("batch scaling", 0, 0, True)
+    assert ("profile", 3, 3, False) in events  # one warm-up step and the two profiled
