@@ -225,7 +225,7 @@ def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
         loss=lambda m, b: m(b).square().mean(),
         batch_size=4,
     )
-    diagnose(workload, steps=2, on_progress=on_progress)
+    diagnose(workload, steps=2, progress=on_progress)
     stages = [e[0] for e in events]
     assert stages.index("profile") < stages.index("batch scaling")
     assert [e for e in events if e[0] == "profile"][-1] == ("profile", 0, 0, True)

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             code=code,
             steps=args.steps,
             scaling=not args.no_scaling,
-            on_progress=bar,
+            progress=bar,
         )
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
         system=system,
         steps=args.steps,
         scaling=not args.no_scaling,
-        on_progress=bar,
+        progress=bar,
     )
     bar.close(complete=True)
     if args.no_widget:

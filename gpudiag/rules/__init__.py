@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpudiag._progress import ProgressFn
+from gpudiag._progress import ProgressFn, resolve
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import (
     REGISTRY,
@@ -55,7 +55,7 @@ def diagnose(
     env: Mapping[str, str] | None = None,
     runtime: Mapping[str, Any] | None = None,
     scaling: Any = True,
-    on_progress: ProgressFn | None = None,
+    progress: bool | ProgressFn = True,
 ) -> Diagnosis:
     """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
 
@@ -69,9 +69,11 @@ def diagnose(
     ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
     ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
-    ``BatchScaling`` is used as given. ``on_progress`` hears the profile and batch-scaling
-    stages (a ``gpudiag._progress.Progress`` per step or round, ``finished`` after each).
+    ``BatchScaling`` is used as given. ``progress``: bars over the profile and the batch
+    scaling (``True``), none (``False``), or a callback that gets a ``gpudiag._progress.Progress``
+    per step or round and ``finished`` after each stage.
     """
+    on_progress = resolve(progress)
     if isinstance(workload, str):
         from gpudiag.workloads import get
 
