@@ -176,7 +176,7 @@ def test_first_occupancy_shows_a_bar_while_plotly_loads() -> None:
         "import sys\n"
         "from gpudiag.magics.occupancy import _load_plot_library\n"
         "_load_plot_library()\n"
-        "assert 'plotly.graph_objs' in sys.modules\n"
+        "assert 'plotly.basewidget' in sys.modules\n"
     )
     import os
 
