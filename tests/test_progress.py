@@ -231,3 +231,25 @@ def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
     assert [e for e in events if e[0] == "profile"][-1] == ("profile", 0, 0, True)
     assert [e for e in events if e[0] == "batch scaling"][-1] == ("batch scaling", 0, 0, True)
     assert ("profile", 3, 3, False) in events  # one warm-up step and the two profiled
+
+
+def test_in_a_notebook_an_early_verdict_ends_green_and_a_failure_red(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The widget bar tqdm.auto picks in Jupyter: bar_style 'success' when the verdict came at
+    23 of 100 rounds (not 'danger', the red bar of an unfinished run), 'danger' on a failure."""
+    import tqdm.auto
+    import tqdm.notebook
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setattr(tqdm.auto, "tqdm", tqdm.notebook.tqdm)
+    early = ProgressBar("test")
+    early(Progress("compare", 23, 100))
+    widget = early.bar.container.children[1]
+    early(Progress("compare", finished=True))
+    assert (widget.bar_style, widget.value, widget.max) == ("success", 100, 100)
+    failed = ProgressBar("test")
+    failed(Progress("compare", 23, 100))
+    widget = failed.bar.container.children[1]
+    failed.close(complete=False)
+    assert widget.bar_style == "danger"
