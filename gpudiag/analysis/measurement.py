@@ -146,3 +146,34 @@ class Measurement:
         ]
         rows += [("warning", w) for w in self.warnings()]
         return card(f"Measurement {self.label}".strip(), html_table(rows))
+
+
+# The slowest repetition this many times the fastest is a swing worth a word even when the
+# middle half of the samples is tight (a busy host stalls a few repetitions for a long time).
+SWING_WARNING = 2.0
+
+
+def noise_warning(cases: Sequence[tuple[str, Measurement | None]]) -> str | None:
+    """One warning for a set of measurements (a benchmark's cases), or None when they are calm.
+
+    A case is noisy when its ``Measurement.warnings()`` say so (IQR over 10 % of the median,
+    the line gd.compare uses) or its slowest repetition is ``SWING_WARNING`` times its fastest.
+    """
+    noisy: list[tuple[str, float, float]] = []
+    for name, m in cases:
+        if m is None or m.n < 4:
+            continue
+        fastest = m.min_s
+        swing = max(m.samples_s) / fastest if fastest > 0 else math.inf
+        if m.has_large_spread or swing >= SWING_WARNING:
+            noisy.append((name, m.relative_spread, swing))
+    if not noisy:
+        return None
+    worst_spread = max(spread for _, spread, _ in noisy)
+    worst_swing = max(noisy, key=lambda item: item[2])
+    return (
+        f"WARNING: the timings swung in {len(noisy)} of {len(cases)} cases (IQR up to "
+        f"{worst_spread:.0%} of the median; slowest repetition {worst_swing[2]:.1f}x the "
+        f"fastest in {worst_swing[0]}): other processes or frequency scaling; these numbers "
+        "are not reliable, rerun on a quieter machine"
+    )

@@ -483,6 +483,81 @@ def best_block_size(
     return best.threads_per_block, best
 
 
+def block_size_advice(
+    current: Occupancy,
+    best: Occupancy | None,
+    *,
+    carveout_kib: int | None = None,
+    carveout_percent: int | None = None,
+    barriers_per_block: int = 1,
+) -> list[str]:
+    """What to change about a launch, in sentences: a block size that really gains occupancy,
+    or, when none does (a tie goes to the launch as it is, never to a bigger block that gains
+    nothing), the register or shared-memory budget that would lift it."""
+    if best is None:
+        return ["no block size lets this kernel launch"]
+    if not current.can_launch:
+        return [
+            f"best block size: {best.threads_per_block} threads ({best.occupancy_pct:.1f}%, "
+            f"{best.active_blocks_per_sm} blocks/SM); {current.threads_per_block} cannot launch"
+        ]
+    if best.active_threads_per_sm > current.active_threads_per_sm:
+        return [
+            f"best block size: {best.threads_per_block} threads ({best.occupancy_pct:.1f}%, "
+            f"up from {current.occupancy_pct:.1f}% at {current.threads_per_block})"
+        ]
+    lines = [
+        f"{current.threads_per_block} threads already gives the highest occupancy of any "
+        f"block size ({current.occupancy_pct:.1f}%)"
+    ]
+    if current.active_warps_per_sm >= current.max_warps_per_sm:
+        return lines
+    common: dict[str, Any] = {
+        "carveout_kib": carveout_kib,
+        "carveout_percent": carveout_percent,
+        "barriers_per_block": barriers_per_block,
+    }
+
+    def at(regs: int, static: int, dynamic: int) -> Occupancy:
+        return occupancy(
+            current.cc,
+            current.threads_per_block,
+            regs,
+            static,
+            dynamic_smem_per_block=dynamic,
+            **common,
+        )
+
+    static, dynamic = current.smem_per_block_bytes, current.dynamic_smem_per_block_bytes
+    if "registers" in current.limiting:
+        for regs in range(current.regs_per_thread - 1, 0, -1):
+            occ = at(regs, static, dynamic)
+            if occ.active_warps_per_sm > current.active_warps_per_sm:
+                lines.append(
+                    f"fewer registers lift it: at most {regs} registers/thread gives "
+                    f"{occ.occupancy_pct:.1f}% (__launch_bounds__ or -maxrregcount)"
+                )
+                break
+    if "shared_memory" in current.limiting and static + dynamic > 0:
+        total = static + dynamic
+        for smem in range((total - 1) // 256 * 256, -1, -256):
+            cut = total - smem
+            occ = at(
+                current.regs_per_thread,
+                max(0, static - max(0, cut - dynamic)),
+                max(0, dynamic - cut),
+            )
+            if occ.active_warps_per_sm > current.active_warps_per_sm:
+                lines.append(
+                    f"less shared memory lifts it: at most {smem} B/block gives "
+                    f"{occ.occupancy_pct:.1f}%"
+                )
+                break
+    if len(lines) == 1:
+        lines.append(f"limited by {', '.join(current.limiting)}")
+    return lines
+
+
 def occupancy_curve(
     cc: object,
     regs_per_thread: int,

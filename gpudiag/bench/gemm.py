@@ -7,7 +7,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -337,7 +339,7 @@ def matmul(
     warmup: int = 2,
     max_time_s: float | None = None,
     system: Any = None,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
     seed: int = 0,
 ) -> MatmulResult:
     """Measure matmul throughput per dtype and size; the best per dtype is its ceiling.
@@ -351,7 +353,6 @@ def matmul(
     unit scales, bf16 output). GPU paths are untested on a real GPU in this version.
     """
     import torch
-    from tqdm.auto import tqdm
 
     target = _env.resolve_device(device)
     asked = tuple(_env.normalize_dtype(d) for d in dtypes) if dtypes is not None else None
@@ -377,7 +378,7 @@ def matmul(
     rows: list[MatmulRow] = []
     generator = torch.Generator(device=target.torch_device).manual_seed(seed)
     cases = [(d, s) for d in chosen for s in shapes]
-    for dtype, shape in tqdm(cases, desc="matmul", disable=not progress, leave=False):
+    for dtype, shape in iterate(cases, "matmul", resolve(progress, "bench")):
         if dtype in unavailable:
             continue
         reason = _unavailable_reason(target, dtype)
@@ -399,6 +400,8 @@ def matmul(
             )
         )
     peaks = {d: _env.peak_tflops(target, d, system) for d in chosen}
+    swung = noise_warning([(f"{r.dtype} {r.shape}", r.measurement) for r in rows])
+    notes += [swung] if swung else []
     return MatmulResult(target.label, tuple(rows), peaks, unavailable, tuple(notes))
 
 

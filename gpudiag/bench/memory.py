@@ -6,7 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -235,7 +237,7 @@ def bandwidth(
     warmup: int = 2,
     max_time_s: float | None = None,
     system: Any = None,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
 ) -> BandwidthResult:
     """Measure memory bandwidth per kind and transfer size (bytes per buffer).
 
@@ -245,7 +247,6 @@ def bandwidth(
     last-level cache. Host<->device kinds need a CUDA device; on a CPU-only machine they are N/A
     with the reason and ``gbps()`` returns None for them. GPU paths are untested on a real GPU.
     """
-    from tqdm.auto import tqdm
 
     target = _env.resolve_device(device)
     chosen = tuple(kinds) if kinds is not None else KINDS
@@ -274,7 +275,7 @@ def bandwidth(
                 unavailable[kind] = "needs a CUDA device; this machine has none"
     rows: list[BandwidthRow] = []
     cases = [(k, s) for k in chosen if k not in unavailable for s in size_list]
-    for kind, size in tqdm(cases, desc="bandwidth", disable=not progress, leave=False):
+    for kind, size in iterate(cases, "bandwidth", resolve(progress, "bench")):
         rows.append(
             _one_case(
                 target,
@@ -288,6 +289,8 @@ def bandwidth(
             )
         )
     theoretical = {k: _theoretical(target, k, system) for k in chosen}
+    swung = noise_warning([(f"{r.kind} {r.size_bytes} B", r.measurement) for r in rows])
+    notes += [swung] if swung else []
     return BandwidthResult(
         target.label, tuple(rows), theoretical, unavailable, tuple(notes), cache_bytes
     )

@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
@@ -360,7 +362,12 @@ def _peak_memory(target: _env.Target, step: Callable[[], None]) -> tuple[int | N
     # total of torch allocations, whose maximum is the peak.
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
+    with (
+        quiet_profiler_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     running = peak_bytes = 0
@@ -368,6 +375,10 @@ def _peak_memory(target: _env.Target, step: Callable[[], None]) -> tuple[int | N
         running += int(event.nbytes())
         peak_bytes = max(peak_bytes, running)
     return peak_bytes, "torch profiler memory events (CPU allocations)"
+
+
+# The timed parts of an attention case.
+PARTS = ("forward", "backward")
 
 
 def attention(
@@ -385,7 +396,7 @@ def attention(
     warmup: int = 2,
     max_time_s: float | None = None,
     system: Any = None,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
     seed: int = 0,
 ) -> AttentionResult:
     """Time attention backends per sequence length, forward and backward, with peak memory.
@@ -400,7 +411,6 @@ def attention(
     flash-attn and Transformer Engine paths, and every GPU path, are untested on a real GPU.
     """
     import torch
-    from tqdm.auto import tqdm
 
     target = _env.resolve_device(device)
     if dtype is None:
@@ -437,7 +447,7 @@ def attention(
         for n in chosen
     }
     cases = [(n, s) for n in chosen for s in seqs]
-    for name, seq in tqdm(cases, desc="attention", disable=not progress, leave=False):
+    for name, seq in iterate(cases, "attention", resolve(progress, "bench")):
         runner = runners[name]
         untested = name in UNTESTED_ON_GPU
         if isinstance(runner, str):
@@ -469,6 +479,10 @@ def attention(
         notes.append(
             "flash-attn / Transformer Engine timings come from code untested on a real GPU"
         )
+    swung = noise_warning(
+        [(f"{r.backend} {r.seq_len} {part}", getattr(r, part)) for r in rows for part in PARTS]
+    )
+    notes += [swung] if swung else []
     return AttentionResult(target.label, dtype, b, h, d, causal, tuple(rows), tuple(notes))
 
 

@@ -67,16 +67,38 @@ def _common(p: argparse.ArgumentParser, *, device: bool = True) -> None:
     )
 
 
+# Each benchmark and what it measures (the listing shown when none is named).
+BENCHMARKS: dict[str, str] = {
+    "matmul": "achieved TFLOP/s per dtype vs the peak",
+    "bandwidth": "device copy and host<->device GB/s vs transfer size",
+    "attention": "SDPA / flash-attn / TE backends: time and memory",
+    **{
+        name: f"{COLLECTIVE_COMMANDS[name]} bus bandwidth (nccl-tests formulas)"
+        for name in ("allreduce", "all_gather", "reduce_scatter")
+    },
+    "nccl-log": "read nccl-tests output into the same result type",
+}
+
+
+def benchmark_list(prog: str = "gpudiag bench") -> str:
+    """What ``bench`` without a benchmark prints: every benchmark and how to ask for help."""
+    width = max(map(len, BENCHMARKS))
+    lines = [f"{prog} BENCHMARK [options]: name a benchmark", ""]
+    lines += [f"  {name:<{width}}  {text}" for name, text in BENCHMARKS.items()]
+    lines += ["", f"e.g. {prog} matmul; {prog} BENCHMARK --help for its options"]
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Not required: without a benchmark, run() lists them instead of an argparse error.
     sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
-    sub.required = True
-    p = sub.add_parser("matmul", help="achieved TFLOP/s per dtype vs the peak")
+    p = sub.add_parser("matmul", help=BENCHMARKS["matmul"])
     p.add_argument(
         "--dtypes", nargs="+", default=None, help="fp32 tf32 bf16 fp16 fp8 (default: fast ones)"
     )
     p.add_argument("--sizes", nargs="+", type=matmul_size, default=None, help="N or MxNxK")
     _common(p)
-    p = sub.add_parser("bandwidth", help="device copy and host<->device GB/s vs transfer size")
+    p = sub.add_parser("bandwidth", help=BENCHMARKS["bandwidth"])
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -87,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sizes", nargs="+", type=byte_size, default=None, help="bytes per buffer (64M style)"
     )
     _common(p)
-    p = sub.add_parser("attention", help="SDPA / flash-attn / TE backends: time and memory")
+    p = sub.add_parser("attention", help=BENCHMARKS["attention"])
     p.add_argument("--seq-lens", nargs="+", type=int, default=None)
     p.add_argument(
         "--backends", nargs="+", default=None, help="flash efficient cudnn math flash_attn te"
@@ -100,9 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-backward", action="store_true", help="forward only")
     _common(p)
     for name in ("allreduce", "all_gather", "reduce_scatter"):
-        p = sub.add_parser(
-            name, help=f"{COLLECTIVE_COMMANDS[name]} bus bandwidth (nccl-tests formulas)"
-        )
+        p = sub.add_parser(name, help=BENCHMARKS[name])
         p.add_argument(
             "--sizes", nargs="+", type=byte_size, default=None, help="nccl-tests 'size' in bytes"
         )
@@ -126,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="only print the multi-node torchrun command, run nothing",
         )
         _common(p, device=False)
-    p = sub.add_parser("nccl-log", help="read nccl-tests output into the same result type")
+    p = sub.add_parser("nccl-log", help=BENCHMARKS["nccl-log"])
     p.add_argument("path", help="a saved all_reduce_perf / all_gather_perf / ... output")
     p.add_argument("--op", default=None, help="the collective, when the file name does not say")
     _common(p, device=False)
@@ -174,7 +194,7 @@ def measure(args: argparse.Namespace, *, progress: bool = True) -> Any:
 
 
 def multinode_command(args: argparse.Namespace) -> str | None:
-    if args.bench not in COLLECTIVE_COMMANDS:
+    if getattr(args, "bench", None) not in COLLECTIVE_COMMANDS:
         return None
     from gpudiag.bench import torchrun_command
 
@@ -189,6 +209,9 @@ def multinode_command(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench is None:
+        print(benchmark_list())
+        return 2
     command = multinode_command(args)
     if command is not None and args.print_command:
         print(command)

@@ -59,14 +59,18 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise GpuDiagError("--steps must be at least 1")
     system = inspect(replay=args.replay, topology=args.topology or None)
-    diagnosis = diagnose(
-        workload=args.workload,
-        trace=trace,
-        system=system,
-        code=code,
-        steps=args.steps,
-        scaling=not args.no_scaling,
-    )
+    from gpudiag._progress import ProgressBar
+
+    with ProgressBar("diagnose", enabled=not args.json) as bar:
+        diagnosis = diagnose(
+            workload=args.workload,
+            trace=trace,
+            system=system,
+            code=code,
+            steps=args.steps,
+            scaling=not args.no_scaling,
+            progress=bar,
+        )
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))
     else:

@@ -8,7 +8,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag.analysis.occupancy import Occupancy, OccupancyInputError, best_block_size, occupancy
+from gpudiag.analysis.occupancy import (
+    Occupancy,
+    OccupancyInputError,
+    best_block_size,
+    block_size_advice,
+    occupancy,
+)
 
 _STATIC_SMEM_MAX = 48 * 1024
 
@@ -69,6 +75,7 @@ class Question:
     carveout_kib: int | None
     carveout_percent: int | None
     barriers: int
+    assumed: str = ""  # what was assumed because the arguments did not say
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -82,6 +89,12 @@ class Question:
 def question(args: argparse.Namespace) -> Question:
     """Read the shared arguments of ``gpudiag occupancy`` and ``%gpudiag occupancy``."""
     cc: Any = args.cc or "8.0"
+    assumed = (
+        ""
+        if args.cc or args.gpu
+        else "compute capability 8.0 (A100) assumed: neither --cc nor --gpu was given "
+        "(gpudiag does not read it from this machine); pass --gpu NAME or --cc X.Y"
+    )
     if args.gpu:
         from gpudiag import specs
 
@@ -101,6 +114,7 @@ def question(args: argparse.Namespace) -> Question:
         carveout_kib=args.carveout_kib,
         carveout_percent=args.carveout_percent,
         barriers=args.barriers,
+        assumed=assumed,
     )
 
 
@@ -114,7 +128,7 @@ def answer(q: Question) -> tuple[Occupancy, Occupancy | None]:
     return occ, best
 
 
-def render_text(occ: Occupancy, best: Occupancy | None) -> str:
+def render_text(occ: Occupancy, best: Occupancy | None, q: Question | None = None) -> str:
     smem = occ.smem_per_block_bytes + occ.dynamic_smem_per_block_bytes
     lines = [
         f"compute capability {occ.cc[0]}.{occ.cc[1]}: {occ.threads_per_block} threads/block, "
@@ -142,23 +156,27 @@ def render_text(occ: Occupancy, best: Occupancy | None) -> str:
             f"allocated per block: {occ.allocated_smem_per_block_bytes} B"
         )
     lines += [f"note: {n}" for n in occ.notes]
-    if best is not None:
-        lines.append(
-            f"best block size for this kernel: {best.threads_per_block} threads "
-            f"({best.occupancy_pct:.1f}%, {best.active_blocks_per_sm} blocks/SM)"
-        )
-    else:
-        lines.append("no block size lets this kernel launch")
+    lines += block_size_advice(
+        occ,
+        best,
+        carveout_kib=q.carveout_kib if q else None,
+        carveout_percent=q.carveout_percent if q else None,
+        barriers_per_block=q.barriers if q else 1,
+    )
+    if q is not None and q.assumed:
+        lines.append(f"note: {q.assumed}")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    occ, best = answer(question(args))
+    q = question(args)
+    occ, best = answer(q)
     if args.json:
         out = occ.to_dict()
         out["best_block_size"] = best.threads_per_block if best is not None else None
         out["best_occupancy"] = best.occupancy if best is not None else None
+        out["assumed"] = q.assumed or None
         print(json.dumps(out, indent=2))
     else:
-        print(render_text(occ, best))
+        print(render_text(occ, best, q))
     return 0

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpudiag._progress import ProgressFn, finish, report
 from gpudiag._report import jsonable
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.trial import isolated
@@ -124,6 +125,7 @@ def batch_scaling(
     stop_below: float | None = None,
     system: Any = None,
     clock: Callable[[], float] | None = None,
+    on_progress: ProgressFn | None = None,
 ) -> BatchScaling:
     """Time the step at the workload's batch and at ``factor`` times it, alternating for
     ``rounds`` rounds after one warm-up step each; medians per step. Runs on a deep copy of the
@@ -133,7 +135,9 @@ def batch_scaling(
     last ``MIN_ROUND_S`` (from its warm-up step; at least 1), so a 1 ms step is timed over many
     steps and a 1 s step once. ``stop_below``: stop after a round whose fixed share is below it
     (a caller that only asks "is the fixed share at least X in every round?" has its answer).
-    ``clock``: seconds (default: CUDA events on a GPU, ``time.perf_counter`` on the CPU)."""
+    ``clock``: seconds (default: CUDA events on a GPU, ``time.perf_counter`` on the CPU).
+    ``on_progress``: a ``Progress("batch scaling", round, rounds)`` after each round, and
+    ``finished`` at the end, also when ``stop_below`` ends it early."""
     why = can_scale(workload)
     if why is not None:
         from gpudiag.experiment.workload import WorkloadError
@@ -142,7 +146,11 @@ def batch_scaling(
     notes: list[str] = []
     for k in (factor, 2) if factor > 2 else (factor,):
         try:
-            return _measure(workload, k, rounds, steps, stop_below, system, clock, notes)
+            result = _measure(
+                workload, k, rounds, steps, stop_below, system, clock, notes, on_progress
+            )
+            finish(on_progress, "batch scaling")
+            return result
         except Exception as exc:
             if not cuda.is_oom_error(exc) or k == 2:
                 raise
@@ -160,6 +168,7 @@ def _measure(
     system: Any,
     clock: Callable[[], float] | None,
     notes: list[str],
+    on_progress: ProgressFn | None = None,
 ) -> BatchScaling:
     model = copy.deepcopy(workload.model)
     device_type = workload.device_type
@@ -179,11 +188,13 @@ def _measure(
         arms[1].target.optimizer = arms[0].target.optimizer  # one state for one model
         try:
             # Warm-up: allocator, autotuning, lazy init; the small batch's step sizes a round.
+            report(on_progress, "batch scaling", 0, rounds)
             warm = [arm.timed(1, clock) for arm in arms]
             n = steps or max(1, min(MAX_STEPS, math.ceil(MIN_ROUND_S / max(warm[0], 1e-9))))
             for r in range(rounds):
                 for i, arm in enumerate(arms):
                     times[i].append(arm.timed(n, clock))
+                report(on_progress, "batch scaling", r + 1, rounds)
                 if stop_below is not None and _share(k, times[0][-1], times[1][-1]) < stop_below:
                     if r + 1 < rounds:
                         below = f"its fixed share is below {stop_below:.0%}"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._progress import ProgressFn, closed_on_error, finish, report, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.stats import (
     NO_DIFFERENCE,
@@ -408,7 +409,7 @@ def compare(
     tolerance: float = 0.01,
     copies: bool | None = None,
     seed: int = 0,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
     clock: Callable[[], float] | None = None,
 ) -> Comparison:
     """Run the baseline and each fix in isolated trials, interleaved, and compare them.
@@ -427,6 +428,9 @@ def compare(
     ``max_rounds``; otherwise exactly ``max_rounds`` rounds. Verdicts use a ``confidence``
     bootstrap interval; changes under ``tolerance`` count as no difference. ``clock``
     replaces ``time.perf_counter`` (tests); on CUDA, step times come from CUDA events.
+    ``progress``: a bar over the measuring rounds (``True``), none (``False``), or a callback
+    that gets a ``gpudiag._progress.Progress`` per round and ``finished`` when every arm has
+    its verdict (possibly well before the round limit).
     """
     started = time.perf_counter()
     wall = clock or time.perf_counter
@@ -480,16 +484,21 @@ def compare(
         else "arms on the user's objects, snapshot, restored and verified after the comparison"
     )
 
+    on_progress = resolve(progress)
     with isolated(*protected) as snapshot:
         arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
         try:
             for arm in arms:
                 arm.open()
             reference = snapshot.named_values(workload.model) if workload.model is not None else {}
+            # Before the rounds: drift check, peak memory, warm-up (a minute on a slow step).
+            report(on_progress, "compare: preparing", 0, 3, "drift check")
             traces = _drift_phase(
                 arms, workload, snapshot, reference, shared, drift_steps, seed, wall
             )
+            report(on_progress, "compare: preparing", 1, 3, "peak memory")
             memory = _memory_phase(arms, device_type) if measure_memory else {}
+            report(on_progress, "compare: preparing", 2, 3, "warm-up")
             k, rounds, stops, measuring_s = _timing_phase(
                 arms,
                 rule,
@@ -498,7 +507,7 @@ def compare(
                 min_sample_s,
                 steps_per_sample,
                 seed,
-                progress,
+                on_progress,
                 clock,
                 wall,
             )
@@ -722,12 +731,10 @@ def _timing_phase(
     min_sample_s: float,
     steps_per_sample: int | None,
     seed: int,
-    progress: bool,
+    on_progress: ProgressFn | None,
     clock: Callable[[], float] | None,
     wall: Callable[[], float],
 ) -> tuple[int, int, dict[str, str], float]:
-    from tqdm.auto import tqdm
-
     for arm in arms:
         if arm.error is not None:
             continue
@@ -749,8 +756,8 @@ def _timing_phase(
     active = [a for a in arms[1:] if a.error is None]
     rounds = 0
     t0 = wall()
-    bar = tqdm(total=rule.max_rounds, desc="gpudiag compare", disable=not progress, leave=False)
-    try:
+    with closed_on_error(on_progress):
+        report(on_progress, "compare", 0, rule.max_rounds)
         while active and rounds < rule.max_rounds:
             order = [arms[0], *active]
             rng.shuffle(order)
@@ -764,7 +771,6 @@ def _timing_phase(
                         ) from exc
                     arm.error = _error_text(exc)
             rounds += 1
-            bar.update(1)
             elapsed = wall() - t0
             still = []
             for arm in active:
@@ -784,9 +790,10 @@ def _timing_phase(
                 still.append(arm)
             active = still
             looks = {a.label: _last_look(stoppers[a.label]) for a in active}
-            bar.set_postfix_str(", ".join(f"{k}: {v}" for k, v in looks.items())[:80])
-    finally:
-        bar.close()
+            note = ", ".join(f"{k}: {v}" for k, v in looks.items())
+            report(on_progress, "compare", rounds, rule.max_rounds, note)
+        # Every arm has its verdict (often before the round limit): the wait is over.
+        finish(on_progress, "compare")
     for arm in active:
         stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
     return k, rounds, stops, wall() - t0

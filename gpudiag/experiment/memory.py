@@ -116,9 +116,14 @@ def measure_peak_memory(step: Callable[[], Any], *, device_type: str) -> PeakMem
         return PeakMemory(peak, None if peak is None else peak - start, CUDA_METHOD)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(
-        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False
-    ) as prof:
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
+    with (
+        quiet_profiler_stderr(),
+        profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False
+        ) as prof,
+    ):
         step()
     events = _kineto_memory_events(prof)
     if events is None:

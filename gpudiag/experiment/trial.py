@@ -1,6 +1,6 @@
 """Isolated trials: snapshot the user's state, restore it in ``finally``, verify nothing leaked.
 
-What is kept (DESIGN.md, "Trials never harm the user's state"): every parameter and buffer
+What is kept (the promise: a trial never harms the user's state): every parameter and buffer
 (non-persistent ones and BatchNorm statistics included) restored in place with ``copy_`` so
 the user's tensor objects stay the same, their gradients and ``requires_grad``, each module's
 attributes, submodules and hooks, the optimizers' state and param groups, torch / CUDA /

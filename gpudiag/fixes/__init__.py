@@ -1,4 +1,4 @@
-"""Fixes a trial can apply: ``gd.Fix(id, **params)`` over a registry keyed by DESIGN.md's fix ids.
+"""Fixes a trial can apply: ``gd.Fix(id, **params)`` over a registry keyed by stable fix ids.
 
 Each fix says whether this machine can take it (``supported(system) -> (ok, reason)``), how
 it reaches the code (ambient switch, structural transform, environment variable, advice),

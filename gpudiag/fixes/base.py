@@ -1,4 +1,4 @@
-"""The Fix protocol: fix ids of DESIGN.md, typed parameters, support checks, apply and revert."""
+"""The Fix protocol: stable fix ids, typed parameters, support checks, apply and revert."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class FixConflictError(FixError):
 
 
 class FixKind(str, enum.Enum):
-    """How a fix reaches the code it changes (DESIGN.md, "Fix identifiers")."""
+    """How a fix reaches the code it changes; each fix id has one kind, part of its contract."""
 
     AMBIENT = "ambient"  # switches and context managers around any code, a notebook cell included
     STRUCTURAL = "structural"  # transforms a copy of the model / optimizer / dataloader in a trial

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import shlex
 from types import ModuleType
 from typing import Any
@@ -57,11 +58,27 @@ def available() -> dict[str, ModuleType]:
     return {n: m for n in SUBCOMMANDS if (m := _module(n)) is not None}
 
 
+def plain(text: str) -> str:
+    """Docstring text as a person reads it: RST ``literals`` and `refs` lose their backticks."""
+    return re.sub(r"`{1,2}([^`]+)`{1,2}", r"\1", text)
+
+
+def summary_line(doc: str | None, width: int = 100) -> str:
+    """The first paragraph of a docstring as one line, whole sentences only: a parenthesis
+    that would make it longer than ``width`` is left out rather than cut in the middle."""
+    paragraph = " ".join(plain((doc or "").strip()).split("\n\n")[0].split())
+    while len(paragraph) > width:
+        shorter = re.sub(r"\s*\([^()]*\)(?=[^()]*$)", "", paragraph, count=1)
+        if shorter == paragraph:
+            break
+        paragraph = shorter
+    return paragraph
+
+
 def help_text() -> str:
     lines = ["%gpudiag SUBCOMMAND [options]   (or %%gpudiag SUBCOMMAND for a cell)", ""]
     for name, module in available().items():
-        summary = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
-        lines.append(f"  {name:<10} {summary}")
+        lines.append(f"  {name:<10} {summary_line(module.__doc__)}")
     lines += ["", "%gpudiag help SUBCOMMAND (or SUBCOMMAND --help) explains one subcommand."]
     return "\n".join(lines)
 
@@ -80,7 +97,7 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
     if module is None:
         print(f"%gpudiag: unknown subcommand {name!r}.\n\n{help_text()}")
         return None
-    doc = (module.__doc__ or name).strip()
+    doc = plain((module.__doc__ or name).strip())
     parser = _Parser(prog=f"%gpudiag {name}", description=doc)
     module.add_arguments(parser)
     try:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from gpudiag.cli.bench import add_arguments as _add_cli_arguments
-from gpudiag.cli.bench import measure, multinode_command
+from gpudiag.cli.bench import benchmark_list, measure, multinode_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,6 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    if args.bench is None:
+        print(benchmark_list("%gpudiag bench"))
+        return None
     command = multinode_command(args)
     if command is not None and args.print_command:
         print(command)

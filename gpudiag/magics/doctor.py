@@ -54,6 +54,7 @@ def _workload(name: str | None, shell: Any) -> Any:
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    from gpudiag._progress import ProgressBar
     from gpudiag.probe.system import inspect
     from gpudiag.rules import diagnose
 
@@ -62,12 +63,15 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     system = inspect(replay=args.replay)
     if args.trace:
         return diagnose(trace=args.trace, system=system)
+    bar = ProgressBar("doctor")  # profiling and batch scaling take seconds: show them
     diagnosis = diagnose(
         workload=_workload(args.workload, shell),
         system=system,
         steps=args.steps,
         scaling=not args.no_scaling,
+        progress=bar,
     )
+    bar.close(complete=True)
     if args.no_widget:
         return diagnosis
     from gpudiag.ui.diagnosis import DiagnosisView

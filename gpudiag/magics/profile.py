@@ -45,13 +45,17 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     def notebook_cell() -> None:
         exec(code, namespace)  # the user's own cell, in their namespace, as IPython would
 
+    from gpudiag._progress import ProgressBar
     from gpudiag.profiling import profile
 
-    return profile(
-        notebook_cell,
-        steps=args.steps,
-        warmup=args.warmup,
-        wait=args.wait,
-        trace_dir=args.trace_dir,
-        with_stack=not args.no_stack,
-    )
+    # The cell runs wait + warmup + steps times: a slow step is a long wait.
+    with ProgressBar() as bar:
+        return profile(
+            notebook_cell,
+            steps=args.steps,
+            warmup=args.warmup,
+            wait=args.wait,
+            trace_dir=args.trace_dir,
+            with_stack=not args.no_stack,
+            on_progress=bar,
+        )

@@ -281,6 +281,20 @@ DEFAULT_HOST_METRICS: tuple[str, ...] = (
 )
 
 
+# Metrics that are 0 or 1 (a state, not an amount): shown as no/yes.
+FLAG_METRICS: frozenset[str] = frozenset({"throttled"})
+
+
+def metric_label(key: str, unit: str = "", lane: str = "") -> str:
+    """A person's name for a series: ``cpu_util_pct`` -> "CPU utilization (%)"."""
+    spec = metric_spec(key, unit)
+    shown_unit = unit or spec.unit
+    if key in FLAG_METRICS or shown_unit in {"B", "B/s"}:
+        shown_unit = ""  # a flag has none; byte values carry their own scaled unit
+    text = spec.label + (f" ({shown_unit})" if shown_unit else "")
+    return f"{text} [{lane}]" if lane else text
+
+
 def metric_spec(key: str, unit: str = "", label: str | None = None) -> MetricSpec:
     """The spec of ``key``; an unknown key (from a newer recording) gets a plain one."""
     spec = METRICS.get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -19,7 +20,13 @@ from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.errors import GpuDiagError
 from gpudiag.monitoring.buffer import SeriesRing
 from gpudiag.monitoring.feeds import Feed, Frame, NaMap
-from gpudiag.monitoring.metrics import DeviceSpec, SeriesKey, metric_spec
+from gpudiag.monitoring.metrics import (
+    FLAG_METRICS,
+    DeviceSpec,
+    SeriesKey,
+    metric_label,
+    metric_spec,
+)
 from gpudiag.probe.readings import Status
 
 if TYPE_CHECKING:
@@ -146,17 +153,83 @@ class MonitorSummary:
 
         return pd.DataFrame([jsonable(r) for r in self.rows])
 
-    def _table_rows(self) -> list[list[str]]:
-        out = []
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.device for r in self.rows))
+
+    def valued_rows(self) -> tuple[SummaryRow, ...]:
+        """Rows with at least one value (what the summary table shows)."""
+        return tuple(r for r in self.rows if r.samples > r.na_samples)
+
+    def not_recorded(self) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+        """Series that never had a value, grouped: (reason, metric labels, devices).
+
+        Devices that miss the same metrics for the same reason share one entry (a DCGM field
+        name and a scrape's file name are dropped from the reason so that they can); devices
+        are empty when every device of the summary is in it.
+        """
+        per_device: dict[tuple[str, str], dict[str, None]] = {}
         for r in self.rows:
-            if r.samples == r.na_samples:
-                stats = ["N/A"] * 5
-                note = r.reason
-            else:
-                stats = [format_value(v, r.unit) for v in (r.p5, r.p50, r.p95, r.max, r.last)]
-                note = f"{r.na_samples} N/A" if r.na_samples else ""
-            out.append([r.device, r.name, *stats, note])
-        return out
+            if r.samples > r.na_samples:
+                continue
+            reason = r.reason or "no value recorded"
+            for pattern, replacement in _REASON_VARIANTS:
+                reason = pattern.sub(replacement, reason)
+            per_device.setdefault((r.device, reason), {})[metric_spec(r.metric, r.unit).label] = (
+                None
+            )
+        groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        for (device, reason), labels in per_device.items():
+            groups.setdefault((reason, tuple(labels)), []).append(device)
+        every = set(self.devices)
+        return [
+            (reason, labels, () if set(devices) == every else tuple(devices))
+            for (reason, labels), devices in groups.items()
+        ]
+
+    def _cell(self, r: SummaryRow, value: float) -> str:
+        if r.metric in FLAG_METRICS and math.isfinite(value):
+            return "yes" if value >= 0.5 else "no"
+        return format_value(value, r.unit)
+
+    def _note(self, r: SummaryRow) -> str:
+        return f"N/A in {r.na_samples} of {r.samples} samples" if r.na_samples else ""
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        """One device: percentiles per metric. Several: the median of each metric per device
+        (a flag: yes when it was ever set), so the table stays one row per metric."""
+        rows = self.valued_rows()
+        devices = tuple(dict.fromkeys(r.device for r in rows))
+        if len(devices) <= 1:
+            header = ["metric", "p5", "p50", "p95", "max", "last", "note"]
+            return header, [
+                [
+                    metric_label(r.metric, r.unit, r.lane),
+                    *(self._cell(r, v) for v in (r.p5, r.p50, r.p95, r.max, r.last)),
+                    self._note(r),
+                ]
+                for r in rows
+            ]
+        by_name: dict[str, dict[str, str]] = {}
+        for r in rows:
+            shown = r.max if r.metric in FLAG_METRICS else r.p50
+            cell = self._cell(r, shown) + (" *" if r.na_samples else "")
+            by_name.setdefault(metric_label(r.metric, r.unit, r.lane), {})[r.device] = cell
+        return ["metric (median)", *devices], [
+            [name, *(cells.get(d, "") for d in devices)] for name, cells in by_name.items()
+        ]
+
+    def _footnotes(self) -> list[str]:
+        lines = []
+        if len({r.device for r in self.valued_rows()}) > 1:
+            lines.append(
+                "median over the run per device (a flag: yes if ever set); * some samples N/A; "
+                "every percentile: .to_pandas()"
+            )
+        for reason, labels, devices in self.not_recorded():
+            where = f" on {', '.join(devices)}" if devices else ""
+            lines.append(f"not recorded{where}: {', '.join(labels)} ({reason})")
+        return lines
 
     def _title(self) -> str:
         kind = " (recording)" if self.is_recording else ""
@@ -166,8 +239,13 @@ class MonitorSummary:
         )
 
     def _repr_html_(self) -> str:
-        header = ["device", "metric", "p5", "p50", "p95", "max", "last", "note"]
-        body = html_grid(header, self._table_rows())
+        header, rows = self._table()
+        body = html_grid(header, rows) if rows else "<div>no metric had a value</div>"
+        notes = "".join(
+            f"<div style='opacity:.75;margin-top:4px'>{esc(line)}</div>"
+            for line in self._footnotes()
+        )
+        body += notes
         if self.throttle_events:
             events = html_grid(
                 ["device", "throttled since", "for", "reasons"],
@@ -186,17 +264,23 @@ class MonitorSummary:
 
     def __repr__(self) -> str:
         lines = [self._title()]
-        widths = [18, 28, 12, 12, 12, 12, 12]
-        header = ["device", "metric", "p5", "p50", "p95", "max", "last"]
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-        for row in self._table_rows():
-            cells = row[:7]
-            text = "  ".join(str(c)[:w].ljust(w) for c, w in zip(cells, widths, strict=True))
-            lines.append(f"{text}  {row[7]}".rstrip())
+        header, rows = self._table()
+        widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+        for row in (header, *rows):
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        lines = [line.rstrip() for line in lines]
+        lines.extend(self._footnotes())
         for e in self.throttle_events:
             lasting = "ongoing" if e.duration_s is None else f"{e.duration_s:.1f} s"
             lines.append(f"throttled: {e.device} {', '.join(e.reasons)} ({lasting})")
         return "\n".join(lines)
+
+
+# Parts of an N/A reason that name one field or one file: dropped so that reasons group.
+_REASON_VARIANTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\bDCGM_FI_[A-Z0-9_]+ is not exported"), "not exported"),
+    (re.compile(r"by the recorded scrape \S+?\.prom"), "by the recorded dcgm-exporter scrape"),
+)
 
 
 # -- one monitor per kernel ----------------------------------------------------------------

@@ -175,6 +175,12 @@ class SystemReport:
     def __repr__(self) -> str:
         return "\n".join(self.lines())
 
+    def _driver_cell(self, reading: Reading[Any]) -> str:
+        # Without a GPU the driver readings share the no-GPU reason, said once below the table.
+        if not self.gpus and not reading.ok and reading.reason == self.no_gpu_reason:
+            return "N/A: no GPU"
+        return reading.display()
+
     def _repr_html_(self) -> str:
         h = self.host
         host_rows = [
@@ -183,8 +189,8 @@ class SystemReport:
             ("memory", f"{_gib(h.memory_total_bytes)} ({_gib(h.memory_available_bytes)} free)"),
             ("ML CPU flags", " ".join(h.cpu_flags) or "none"),
             ("torch", f"{h.torch.version.display()} ({h.torch.build})"),
-            ("driver", self.driver.driver_version.display()),
-            ("CUDA (driver)", self.driver.cuda_driver_version.display()),
+            ("driver", self._driver_cell(self.driver.driver_version)),
+            ("CUDA (driver)", self._driver_cell(self.driver.cuda_driver_version)),
         ]
         inner = html_table(host_rows, caption="Host")
         if self.gpus:
@@ -203,7 +209,8 @@ class SystemReport:
             ]
             inner += html_grid(header, (_gpu_row(g) for g in self.gpus))
         else:
-            inner += f"<p><b>No NVIDIA GPU.</b> {esc(self.no_gpu_reason)}</p>"
+            reason = self.no_gpu_reason.removeprefix("no NVIDIA GPU: ")
+            inner += f"<p><b>No NVIDIA GPU:</b> {esc(reason)}</p>"
         inner += _topology_html(self.topology, len(self.gpus))
         for note in self.notes:
             inner += f"<p style='opacity:.8'>note: {esc(note)}</p>"

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._native_stderr import quiet_profiler_stderr
+from gpudiag._progress import ProgressFn, finish, report
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe import cuda
 
@@ -50,6 +52,7 @@ def profile(
     record_shapes: bool = True,
     profile_memory: bool = True,
     with_stack: bool = True,
+    on_progress: ProgressFn | None = None,
     **kwargs: Any,
 ) -> TraceReport:
     """Call ``fn(*args, **kwargs)`` ``wait + warmup + steps`` times under ``torch.profiler``.
@@ -61,6 +64,9 @@ def profile(
     one ``ProfilerStep``. The trace is saved as ``<trace_dir>/<fn>.<time>.<pid>.pt.trace.json.gz``
     (``trace_dir`` defaults to ``./gpudiag_traces``) and analysed with every step kept
     (the GPU is synchronised before the last step ends, so its kernels are complete).
+
+    ``on_progress`` gets a ``Progress("profile", calls done, calls in all)`` after each call
+    and ``finished`` once the trace is saved (before it is analysed).
 
     On a machine without CUDA the trace is CPU-only: the report says what it can tell (CPU
     operators, steps, DataLoader share, host-copy operators) and what it cannot.
@@ -87,19 +93,24 @@ def profile(
         saved.append(path)
 
     total = wait + warmup + steps
-    with torch_profile(
-        activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
-        on_trace_ready=save,
-        record_shapes=record_shapes,
-        profile_memory=profile_memory,
-        with_stack=with_stack,
-    ) as prof:
+    with (
+        quiet_profiler_stderr(),
+        torch_profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+            on_trace_ready=save,
+            record_shapes=record_shapes,
+            profile_memory=profile_memory,
+            with_stack=with_stack,
+        ) as prof,
+    ):
         for i in range(total):
             fn(*args, **kwargs)
             if on_gpu and i == total - 1:
                 cuda.synchronize()
             prof.step()
+            report(on_progress, "profile", i + 1, total)
+    finish(on_progress, "profile")
     if not saved:  # pragma: no cover - torch calls on_trace_ready after the last active step
         raise GpuDiagError("torch.profiler produced no trace; nothing to analyse.")
     return analyze_trace(path, include_last_step=True)

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpudiag._progress import ProgressFn, resolve
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import (
     REGISTRY,
@@ -54,6 +55,7 @@ def diagnose(
     env: Mapping[str, str] | None = None,
     runtime: Mapping[str, Any] | None = None,
     scaling: Any = True,
+    progress: bool | ProgressFn = True,
 ) -> Diagnosis:
     """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
 
@@ -67,8 +69,11 @@ def diagnose(
     ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
     ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
-    ``BatchScaling`` is used as given.
+    ``BatchScaling`` is used as given. ``progress``: bars over the profile and the batch
+    scaling (``True``), none (``False``), or a callback that gets a ``gpudiag._progress.Progress``
+    per step or round and ``finished`` after each stage.
     """
+    on_progress = resolve(progress)
     if isinstance(workload, str):
         from gpudiag.workloads import get
 
@@ -82,7 +87,7 @@ def diagnose(
 
         trace = analyze_trace(trace)
     if trace is None and workload is not None:
-        trace = profile_workload(workload, steps=steps)
+        trace = profile_workload(workload, steps=steps, on_progress=on_progress)
     if code is None and workload is not None:
         code = workload_source(workload)
     if runtime is None and not system.is_recording:
@@ -91,7 +96,7 @@ def diagnose(
 
         runtime = runtime_state()
     if scaling is True:
-        scaling = measure_batch_scaling(workload)
+        scaling = measure_batch_scaling(workload, on_progress=on_progress)
     evidence = EvidenceBundle(
         system=system,
         trace=trace,
@@ -105,7 +110,7 @@ def diagnose(
     return run_rules(evidence)
 
 
-def measure_batch_scaling(workload: Any) -> Any:
+def measure_batch_scaling(workload: Any, on_progress: ProgressFn | None = None) -> Any:
     """``batch_scaling`` of the workload when its batch can be resized (None otherwise, or
     when the measurement itself fails: the rule then says it was not evaluated)."""
     from gpudiag.experiment.batch_scaling import batch_scaling, can_scale
@@ -115,7 +120,7 @@ def measure_batch_scaling(workload: Any) -> Any:
     from gpudiag.rules.steps import FIXED_SHARE
 
     try:
-        return batch_scaling(workload, stop_below=FIXED_SHARE)
+        return batch_scaling(workload, stop_below=FIXED_SHARE, on_progress=on_progress)
     except Exception as exc:  # a workload that breaks at another batch size is not our fault
         warnings.warn(f"batch scaling not measured: {exc}", GpuDiagWarning, stacklevel=3)
         return None
@@ -152,7 +157,12 @@ def _step_function(workload: Any) -> Callable[[], Any]:
     return step
 
 
-def profile_workload(workload: Any, steps: int = 3, trace_dir: str | None = None) -> Any:
+def profile_workload(
+    workload: Any,
+    steps: int = 3,
+    trace_dir: str | None = None,
+    on_progress: ProgressFn | None = None,
+) -> Any:
     """A short ``gd.profile`` of the workload's step (one warm-up step, then ``steps``)."""
     import tempfile
 
@@ -160,9 +170,9 @@ def profile_workload(workload: Any, steps: int = 3, trace_dir: str | None = None
 
     step = _step_function(workload)
     if trace_dir is not None:
-        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir)
+        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir, on_progress=on_progress)
     with tempfile.TemporaryDirectory(prefix="gpudiag-diagnose-") as tmp:
-        return profile(step, steps=steps, warmup=1, trace_dir=tmp)
+        return profile(step, steps=steps, warmup=1, trace_dir=tmp, on_progress=on_progress)
 
 
 def workload_source(workload: Any) -> str | None:

@@ -52,7 +52,7 @@ class Evidence:
 
 @dataclass(frozen=True, slots=True)
 class FixRef:
-    """A fix to try: a DESIGN.md fix id and its parameters (built into ``gd.Fix`` on demand)."""
+    """A fix to try: a fix id (``precision.bf16``) and its parameters (a ``gd.Fix`` on demand)."""
 
     id: str
     params: Mapping[str, Any] = field(default_factory=dict)

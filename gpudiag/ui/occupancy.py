@@ -11,6 +11,7 @@ from gpudiag.analysis.occupancy import (
     Occupancy,
     OccupancyInputError,
     best_block_size,
+    block_size_advice,
     occupancy,
     occupancy_curve,
 )
@@ -162,12 +163,10 @@ class OccupancyExplorer(widgets.VBox):
             self.result.value = f"<div style='color:#b00'>{esc(exc)}</div>"
             return
         self.occupancy, self.best = current, best
-        best_line = (
-            f"<div>Best block size for this kernel: <b>{best.threads_per_block}</b> threads "
-            f"({best.occupancy_pct:.1f}%)</div>"
-            if best is not None
-            else "<div>No block size can launch this kernel.</div>"
+        advice = block_size_advice(
+            current, best, carveout_kib=carveout, barriers_per_block=self._barriers
         )
+        best_line = "".join(f"<div>{esc(line)}</div>" for line in advice)
         self.result.value = current._repr_html_() + best_line
         new = occupancy_curve_figure(curve, current=current, best=best)
         with self.figure.batch_update():

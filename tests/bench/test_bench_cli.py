@@ -93,3 +93,18 @@ def test_magic_reads_nccl_logs_and_prints_usage_errors(
     assert "not a matmul size" in capsys.readouterr().out
     assert ip.run_line_magic("gpudiag", "bench nccl-log nowhere.log") is None
     assert "not found" in capsys.readouterr().out
+
+
+def test_bench_without_a_benchmark_lists_them(
+    capsys: pytest.CaptureFixture[str], ipython_shell: Any
+) -> None:
+    assert main(["bench"]) == 2
+    out = capsys.readouterr().out
+    for name in ("matmul", "bandwidth", "attention", "allreduce", "nccl-log"):
+        assert f"\n  {name} " in out
+    assert "required" not in out
+    ipython_shell.run_line_magic("gpudiag", "bench")
+    out = capsys.readouterr().out
+    assert "%gpudiag bench matmul" in out
+    assert "achieved TFLOP/s per dtype" in out
+    assert "error" not in out

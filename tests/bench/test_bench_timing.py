@@ -165,3 +165,35 @@ def test_importing_bench_is_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_noise_warning_reuses_the_spread_line_and_catches_a_swing() -> None:
+    from gpudiag.analysis.measurement import Measurement as Plain
+    from gpudiag.analysis.measurement import noise_warning
+
+    calm = Plain((1.0, 1.01, 0.99, 1.0, 1.0))
+    spread = Plain((1.0, 1.3, 0.8, 1.2, 0.9, 1.25))  # IQR well over 10 % of the median
+    swing = Plain((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0))  # IQR 0, one stall 4x
+    assert noise_warning([("a", calm), ("b", None), ("c", Plain((1.0, 9.0)))]) is None
+    text = noise_warning([("a", calm), ("b", spread), ("c", swing)])
+    assert text is not None
+    assert text.startswith("WARNING: the timings swung in 2 of 3 cases")
+    assert "4.0x the fastest in c" in text
+
+
+def test_matmul_warns_when_its_repetitions_swing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    from typing import Any
+
+    from gpudiag.bench import gemm
+
+    real = gemm.measure
+
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        m = real(*args, **kwargs)
+        fast = min(m.samples_s)
+        return dataclasses.replace(m, samples_s=(fast,) * 5 + (4 * fast,))  # a busy host
+
+    monkeypatch.setattr(gemm, "measure", stalled)
+    result = gemm.matmul(["fp32"], [64], device="cpu", repeats=4, progress=False)
+    assert "WARNING: the timings swung in 1 of 1 cases" in repr(result)

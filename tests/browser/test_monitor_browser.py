@@ -38,9 +38,17 @@ CHROMIUM_ARGS = [
 ]
 
 
+# The README's line, word for word (tests/test_readme.py keeps the two the same): the reason
+# a run outside CI skips these tests when Chromium is missing.
+CHROMIUM_LINE = (
+    "Under `CI=true` the browser tests need Debian's Chromium (`apt-get install -y chromium`), "
+    "which `.ci/run` installs; elsewhere they skip without it."
+)
+
+
 def _missing() -> str | None:
     if not CHROMIUM.exists():
-        return f"{CHROMIUM} not found (apt-get install -y chromium)"
+        return f"{CHROMIUM} not found. {CHROMIUM_LINE}"
     for module, package in (("playwright", "playwright"), ("jupyterlab", "jupyterlab")):
         try:
             __import__(module)

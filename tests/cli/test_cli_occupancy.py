@@ -16,7 +16,34 @@ def test_text_output_names_the_limit(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "occupancy 50.0%: 4 blocks/SM x 8 warps = 32 of 64 warps" in out
     assert "limited by: registers" in out
-    assert "best block size for this kernel: 1024 threads" in out
+    # 1024 threads gains nothing over 256 (both 50 %): not recommended; registers are the lever.
+    assert "1024 threads" not in out
+    assert "256 threads already gives the highest occupancy of any block size (50.0%)" in out
+    assert "at most 48 registers/thread gives 62.5%" in out
+    assert "assumed" not in out
+
+
+def test_a_block_size_that_gains_is_recommended(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["occupancy", "--cc", "8.0", "--threads", "64", "--regs", "32", "--smem", "40K"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "best block size: 1024 threads (100.0%, up from 12.5% at 64)" in out
+
+
+def test_less_shared_memory_is_named_when_it_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["occupancy", "--cc", "8.0", "--threads", "1024", "--regs", "16", "--smem", "100K"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "limited by: shared_memory" in out
+    assert "less shared memory lifts it: at most" in out
+
+
+def test_without_cc_or_gpu_the_a100_assumption_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["occupancy", "--threads", "256", "--regs", "32"]) == 0
+    assert "compute capability 8.0 (A100) assumed" in capsys.readouterr().out
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""The fix registry: DESIGN.md's ids, parameters, parsing, and the not-yet-implemented ones."""
+"""The fix registry: the stable ids, parameters, parsing, and the not-yet-implemented ones."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import Fix, FixError, FixKind, get_spec, registry
 
-# DESIGN.md, "Fix identifiers": the stable vocabulary and each id's kind.
-DESIGN_IDS = {
+# The stable vocabulary (findings, recipes and the CLI use these ids) and each id's kind.
+STABLE_IDS = {
     "precision.tf32": FixKind.AMBIENT,
     "precision.bf16": FixKind.AMBIENT,
     "precision.fp16": FixKind.AMBIENT,
@@ -43,10 +43,10 @@ IMPLEMENTED = {
 
 
 def test_registry_holds_exactly_the_design_vocabulary() -> None:
-    assert {k: s.kind for k, s in registry().items()} == DESIGN_IDS
+    assert {k: s.kind for k, s in registry().items()} == STABLE_IDS
 
 
-@pytest.mark.parametrize("fix_id", sorted(DESIGN_IDS))
+@pytest.mark.parametrize("fix_id", sorted(STABLE_IDS))
 def test_every_fix_describes_itself(fix_id: str) -> None:
     spec = get_spec(fix_id)
     fix = Fix(fix_id) if fix_id != "nccl.env" else Fix(fix_id, NCCL_ALGO="Ring")

@@ -68,3 +68,26 @@ def test_user_error_is_printed_not_raised(ip: Any, capsys: pytest.CaptureFixture
 def test_help_for_one_subcommand(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     ip.run_line_magic("gpudiag", "help inspect")
     assert "--replay" in capsys.readouterr().out
+
+
+def test_help_reads_as_plain_sentences(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("gpudiag", "help")
+    out = capsys.readouterr().out
+    assert "``" not in out
+    # inspect's docstring runs over two lines: its summary is a whole sentence, not cut at ","
+    inspect_line = next(line for line in out.splitlines() if line.strip().startswith("inspect"))
+    assert inspect_line.rstrip().endswith(".")
+    assert all(len(line) <= 112 for line in out.splitlines())
+    ip.run_line_magic("gpudiag", "help doctor")
+    assert "``" not in capsys.readouterr().out
+
+
+def test_summary_line_keeps_whole_sentences() -> None:
+    from gpudiag.magics import summary_line
+
+    doc = "Report the host (``--replay FILE`` for a recorded machine,\n``--topology FILE`` too)."
+    assert summary_line(doc, width=40) == "Report the host."
+    assert summary_line(doc, width=200) == (
+        "Report the host (--replay FILE for a recorded machine, --topology FILE too)."
+    )
+    assert summary_line("One line.\n\nMore details.") == "One line."

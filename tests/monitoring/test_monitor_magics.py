@@ -33,6 +33,11 @@ def test_monitor_replay_then_stop_shows_the_summary(ip: Any) -> None:
     assert isinstance(summary, MonitorSummary)
     assert m.state == "stopped"
     assert active() is None
+    # Short: one row per metric that had a value (not 5 GPUs x every metric), N/A grouped.
+    text = repr(summary)
+    assert len(text.splitlines()) < 35
+    assert "gpu_util_pct" not in text
+    assert "GPU utilization (%)" in text
 
 
 def test_rerunning_the_magic_replaces_the_monitor(ip: Any) -> None:

@@ -14,7 +14,9 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks() -> None:
-    assert len(NOTEBOOKS) >= 2
+    assert len(NOTEBOOKS) >= 3
+    # The first one a newcomer opens: what gpudiag is and five things to try.
+    assert NOTEBOOKS[0].name == "00-start-here.ipynb"
 
 
 @pytest.mark.slow

@@ -101,3 +101,11 @@ def test_replay_samples_are_stamped_now() -> None:
     backend = ReplayBackend.from_file(A100)
     first = backend.sample()[0].timestamp
     assert first > 1e9
+
+
+def test_no_gpu_reason_is_said_once_in_html() -> None:
+    reason = "no NVIDIA GPU: NVML library not found (libnvidia-ml.so.1)"
+    report = inspect(backend=NullBackend(reason))
+    html = report._repr_html_()
+    assert html.count("NVML library not found") == 1
+    assert "N/A: no GPU" in html

@@ -128,3 +128,18 @@ def test_profile_cell_magic(ip: Any, tmp_path: Path) -> None:
 def test_profile_magic_needs_a_cell(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert ip.run_line_magic("gpudiag", "profile") is None
     assert "cell magic" in capsys.readouterr().out
+
+
+def test_profile_cell_magic_shows_a_finished_bar_unless_tqdm_is_disabled(
+    ip: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ip.user_ns["w"] = torch.randn(8, 8)
+    magic = f"profile --steps 2 --warmup 1 --trace-dir {tmp_path}"
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    ip.run_cell_magic("gpudiag", magic, "y = (w @ w).sum()\n")
+    err = capsys.readouterr().err
+    assert "gpudiag profile: 100%" in err
+    assert "3/3" in err
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    ip.run_cell_magic("gpudiag", magic, "y = (w @ w).sum()\n")
+    assert "gpudiag profile" not in capsys.readouterr().err

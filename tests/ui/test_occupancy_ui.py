@@ -38,7 +38,8 @@ def test_magic_returns_an_explorer_showing_the_launch(ip: Any, explorers: list[A
     assert widget.occupancy is not None
     assert widget.occupancy.occupancy == 0.5
     assert "50.0%" in widget.result.value
-    assert "Best block size" in widget.result.value
+    assert "256 threads already gives the highest occupancy" in widget.result.value
+    assert "at most 48 registers/thread" in widget.result.value
     # every block size is on the plot, coloured by what limits it (64 registers -> registers)
     bars = _bars(widget.figure)
     assert sorted(x for xs in bars.values() for x in xs) == list(range(32, 1025, 32))

@@ -1,0 +1,162 @@
+"""Progress of long waits: measurements report to a callback; one bar type shows it.
+
+Measurements (profiling, batch scaling, comparisons, benchmarks) take an optional
+``on_progress`` callback and call it with a :class:`Progress` after each unit of work, and with
+``finished=True`` when the run is over, early verdicts included. They never import a
+front end. :class:`ProgressBar` is that callback as a ``tqdm.auto`` bar (a widget bar in a
+notebook, a text bar in a terminal), imported only when a bar is really shown: one bar per
+stage, closed complete (green in a notebook) when its stage ends normally and left where it
+stopped when the run failed. ``TQDM_DISABLE=1`` (or ``true``/``yes``) turns every bar off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator, Sized
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One report: ``done`` of ``total`` units of ``stage`` (``finished``: the run is over)."""
+
+    stage: str
+    done: int = 0
+    total: int = 0
+    note: str = ""
+    finished: bool = False
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def report(
+    on_progress: ProgressFn | None, stage: str, done: int, total: int, note: str = ""
+) -> None:
+    """Call ``on_progress`` (when there is one) with ``done`` of ``total`` for ``stage``."""
+    if on_progress is not None:
+        on_progress(Progress(stage, done, total, note))
+
+
+def finish(on_progress: ProgressFn | None, stage: str) -> None:
+    """Tell ``on_progress`` the run is over (its verdict may come before ``total``)."""
+    if on_progress is not None:
+        on_progress(Progress(stage, finished=True))
+
+
+def disabled_by_env(environ: dict[str, str] | None = None) -> bool:
+    """``TQDM_DISABLE`` set to 1/true/yes/on (tqdm's own switch, honoured for every bar)."""
+    value = (os.environ if environ is None else environ).get("TQDM_DISABLE", "")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+class ProgressBar:
+    """A :data:`ProgressFn` that draws ``tqdm.auto`` bars; also a context manager.
+
+    A new stage closes the previous stage's bar complete and opens its own. ``finished`` (or
+    leaving the ``with`` block normally) closes the bar complete; leaving it by an exception
+    closes it where it stopped, so a failed run does not look finished.
+    """
+
+    def __init__(
+        self,
+        prefix: str = "gpudiag",
+        *,
+        enabled: bool = True,
+        leave: bool = True,
+        output: contextlib.AbstractContextManager[Any] | None = None,
+    ):
+        self.prefix = prefix
+        # Where a notebook bar is displayed: an ipywidgets.Output (a button's callback has no
+        # cell of its own to show it in); None: where the code runs.
+        self.output = output
+        self.enabled = enabled and not disabled_by_env()
+        self.leave = leave
+        self.bar: Any = None
+        self.stage: str | None = None
+        self.closed_complete: list[bool] = []  # one per closed bar: was it complete?
+
+    def __call__(self, event: Progress) -> None:
+        if not self.enabled:
+            return
+        if event.finished:
+            self.close(complete=True)
+            return
+        if self.bar is None or event.stage != self.stage:
+            self.close(complete=True)
+            from tqdm.auto import tqdm
+
+            self.stage = event.stage
+            with self.output if self.output is not None else contextlib.nullcontext():
+                self.bar = tqdm(
+                    total=event.total or None,
+                    desc=f"{self.prefix} {event.stage}",
+                    leave=self.leave,
+                )
+        if event.total and self.bar.total != event.total:
+            self.bar.total = event.total
+        self.bar.n = min(event.done, event.total) if event.total else event.done
+        if event.note:
+            self.bar.set_postfix_str(event.note[:80], refresh=False)
+        self.bar.refresh()
+
+    def close(self, *, complete: bool) -> None:
+        """Close the open bar, filled to its total when ``complete``."""
+        bar, self.bar, self.stage = self.bar, None, None
+        if bar is None:
+            return
+        if complete and bar.total:
+            bar.n = bar.total
+            bar.refresh()
+        self.closed_complete.append(bool(not bar.total or bar.n >= bar.total))
+        bar.close()
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(complete=exc_type is None)
+
+
+def resolve(progress: bool | ProgressFn | None, prefix: str = "gpudiag") -> ProgressFn | None:
+    """The callback for a ``progress=`` argument: a callable as given, ``True`` a new bar."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return ProgressBar(prefix)
+    return progress
+
+
+def iterate(
+    items: Iterable[T], stage: str, on_progress: ProgressFn | None, total: int | None = None
+) -> Iterator[T]:
+    """Yield ``items``, reporting one unit of ``stage`` after each; finished at the end."""
+    if total is None:
+        total = len(items) if isinstance(items, Sized) else 0
+    report(on_progress, stage, 0, total)
+    for done, item in enumerate(items, start=1):
+        yield item
+        report(on_progress, stage, done, total)
+    finish(on_progress, stage)
+
+
+@contextlib.contextmanager
+def closed_on_error(on_progress: ProgressFn | None) -> Iterator[None]:
+    """When the block raises, a :class:`ProgressBar` is closed where it stopped (not filled):
+    a failed run must not look finished. Finishing a run that went well is the caller's job."""
+    try:
+        yield
+    except BaseException:
+        if isinstance(on_progress, ProgressBar):
+            on_progress.close(complete=False)
+        raise

@@ -1,0 +1,255 @@
+"""Progress of long waits: the callbacks measurements make, and the bar that shows them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpudiag._progress import (
+    Progress,
+    ProgressBar,
+    closed_on_error,
+    disabled_by_env,
+    iterate,
+    resolve,
+)
+from gpudiag.experiment.batch_scaling import batch_scaling
+from gpudiag.experiment.compare import compare
+from gpudiag.profiling import profile
+from tests.experiment.test_batch_fixes import clocked_workload
+from tests.experiment.test_compare_fake_clock import fake_step
+
+
+def _recorder() -> tuple[list[tuple[str, int, int, bool]], Any]:
+    events: list[tuple[str, int, int, bool]] = []
+
+    def on_progress(p: Progress) -> None:
+        events.append((p.stage, p.done, p.total, p.finished))
+
+    return events, on_progress
+
+
+def test_profile_reports_each_call_then_finishes(tmp_path: Path) -> None:
+    events, on_progress = _recorder()
+    model = torch.nn.Linear(8, 8)
+    profile(
+        lambda: model(torch.ones(2, 8)).sum().backward(),
+        steps=2,
+        warmup=1,
+        wait=1,
+        trace_dir=tmp_path,
+        on_progress=on_progress,
+    )
+    assert events == [
+        ("profile", 1, 4, False),
+        ("profile", 2, 4, False),
+        ("profile", 3, 4, False),
+        ("profile", 4, 4, False),
+        ("profile", 0, 0, True),
+    ]
+
+
+def test_batch_scaling_that_stops_early_still_finishes(fake_clock: Any) -> None:
+    events, on_progress = _recorder()
+    wl = clocked_workload(fake_clock, batch_size=64)  # per-sample cost dominates: stops
+    s = batch_scaling(wl, rounds=3, stop_below=0.5, clock=fake_clock, on_progress=on_progress)
+    assert len(s.rounds) == 1
+    assert events == [
+        ("batch scaling", 0, 3, False),
+        ("batch scaling", 1, 3, False),
+        ("batch scaling", 0, 0, True),
+    ]
+
+
+def test_compare_reports_rounds_and_finishes_before_the_round_limit(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    events, on_progress = _recorder()
+    c = compare(
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        system=bf16_cpu,
+        clock=fake_clock,
+        progress=on_progress,
+        measure_memory=False,
+        steps_per_sample=1,
+        min_rounds=5,
+        max_rounds=100,
+    )
+    assert c.rounds == 6  # the verdict is clear long before 100 rounds
+    rounds = [e for e in events if e[0] == "compare"]
+    assert rounds[0] == ("compare", 0, 100, False)
+    assert [e[1] for e in rounds[1:-1]] == [1, 2, 3, 4, 5, 6]
+    assert rounds[-1] == ("compare", 0, 0, True)
+    assert events[-1] == rounds[-1]
+
+
+def test_an_early_finish_closes_the_bar_complete() -> None:
+    bar = ProgressBar("test")
+    bar(Progress("compare", 0, 100))
+    bar(Progress("compare", 23, 100, note="faster"))
+    tqdm_bar = bar.bar
+    assert tqdm_bar is not None
+    assert tqdm_bar.n == 23
+    bar(Progress("compare", finished=True))
+    assert tqdm_bar.n == 100  # filled, not a bar stopped at 23 %
+    assert bar.closed_complete == [True]
+    assert bar.bar is None
+
+
+def test_a_new_stage_completes_the_previous_bar_and_an_error_leaves_it_where_it_stopped() -> None:
+    bar = ProgressBar("test")
+
+    def fails() -> None:
+        with bar:
+            bar(Progress("profile", 1, 4))
+            bar(Progress("batch scaling", 1, 3))
+            raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError):
+        fails()
+    assert bar.closed_complete == [True, False]
+
+
+def test_a_bar_is_closed_incomplete_when_the_run_fails() -> None:
+    bar = resolve(True)
+    assert isinstance(bar, ProgressBar)
+    assert resolve(False) is None
+
+    def fails() -> None:
+        with closed_on_error(bar):
+            bar(Progress("compare", 3, 10))
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        fails()
+    assert bar.closed_complete == [False]
+
+
+def test_compare_shows_its_preparation_before_the_rounds(fake_clock: Any, bf16_cpu: Any) -> None:
+    events, on_progress = _recorder()
+    compare(
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        system=bf16_cpu,
+        clock=fake_clock,
+        progress=on_progress,
+        steps_per_sample=1,
+    )
+    preparing = [e for e in events if e[0] == "compare: preparing"]
+    assert [e[1] for e in preparing] == [0, 1, 2]
+    assert events.index(preparing[-1]) < events.index(("compare", 0, 100, False))
+
+
+def test_tqdm_disable_turns_every_bar_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert disabled_by_env({"TQDM_DISABLE": "1"})
+    assert disabled_by_env({"TQDM_DISABLE": "True"})
+    assert not disabled_by_env({"TQDM_DISABLE": "0"})
+    assert not disabled_by_env({})
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    bar = ProgressBar("test")
+    bar(Progress("profile", 1, 4))
+    assert bar.bar is None
+    assert not bar.enabled
+
+
+def test_iterate_reports_each_item_and_finishes() -> None:
+    events, on_progress = _recorder()
+    assert list(iterate(["a", "b"], "matmul", on_progress)) == ["a", "b"]
+    assert events == [
+        ("matmul", 0, 2, False),
+        ("matmul", 1, 2, False),
+        ("matmul", 2, 2, False),
+        ("matmul", 0, 0, True),
+    ]
+
+
+def test_first_occupancy_shows_a_bar_while_plotly_loads() -> None:
+    """The first ``%gpudiag occupancy`` imports plotly's widget figure (seconds): a bar says so."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from gpudiag.magics.occupancy import _load_plot_library\n"
+        "_load_plot_library()\n"
+        "assert 'plotly.basewidget' in sys.modules\n"
+    )
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # this checkout's gpudiag
+    err = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stderr
+    assert err.count("occupancy loading plotly (first use only)") >= 1
+    assert "100%" in err
+
+
+def test_a_bar_can_be_shown_inside_an_output_widget() -> None:
+    """A Try-it button's callback has no cell: its bar goes into the card's Output widget."""
+    entered: list[str] = []
+
+    class Output:
+        def __enter__(self) -> None:
+            entered.append("in")
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append("out")
+
+    bar = ProgressBar("Try it", output=Output())
+    bar(Progress("compare", 0, 10))
+    bar(Progress("compare", 4, 10))  # the same bar: no second display
+    bar(Progress("compare", finished=True))
+    assert entered == ["in", "out"]
+    assert bar.closed_complete == [True]
+
+
+def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
+    from gpudiag.experiment.workload import Workload
+    from gpudiag.rules import diagnose
+
+    events, on_progress = _recorder()
+    model = torch.nn.Linear(16, 4)
+    workload = Workload(
+        model,
+        batch=lambda n: torch.randn(n, 16),
+        loss=lambda m, b: m(b).square().mean(),
+        batch_size=4,
+    )
+    diagnose(workload, steps=2, progress=on_progress)
+    stages = [e[0] for e in events]
+    assert stages.index("profile") < stages.index("batch scaling")
+    assert [e for e in events if e[0] == "profile"][-1] == ("profile", 0, 0, True)
+    assert [e for e in events if e[0] == "batch scaling"][-1] == ("batch scaling", 0, 0, True)
+    assert ("profile", 3, 3, False) in events  # one warm-up step and the two profiled
+
+
+def test_in_a_notebook_an_early_verdict_ends_green_and_a_failure_red(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The widget bar tqdm.auto picks in Jupyter: bar_style 'success' when the verdict came at
+    23 of 100 rounds (not 'danger', the red bar of an unfinished run), 'danger' on a failure."""
+    import tqdm.auto
+    import tqdm.notebook
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setattr(tqdm.auto, "tqdm", tqdm.notebook.tqdm)
+    early = ProgressBar("test")
+    early(Progress("compare", 23, 100))
+    widget = early.bar.container.children[1]
+    early(Progress("compare", finished=True))
+    assert (widget.bar_style, widget.value, widget.max) == ("success", 100, 100)
+    failed = ProgressBar("test")
+    failed(Progress("compare", 23, 100))
+    widget = failed.bar.container.children[1]
+    failed.close(complete=False)
+    assert widget.bar_style == "danger"
