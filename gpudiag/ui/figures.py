@@ -53,11 +53,5 @@ def register_displays(ipython: Any) -> None:
 
 def unregister_displays(ipython: Any) -> None:
     formatter = getattr(getattr(ipython, "display_formatter", None), "mimebundle_formatter", None)
-    if formatter is None:
-        return
-    from gpudiag.experiment.compare import Comparison
-
-    try:
-        formatter.pop(Comparison)
-    except KeyError:
-        formatter.deferred_printers.pop(_COMPARISON, None)
+    if formatter is not None:
+        formatter.pop(".".join(_COMPARISON), None)

@@ -93,3 +93,21 @@ def test_doctor_shows_where_a_cpu_step_goes_above_its_findings() -> None:
     assert "what was diagnosed" in note.value
     assert [d.name for d in shown.data] == [d.name for d in figure.data]
     assert len(findings) >= len(diagnosis.findings)
+
+
+def test_gd_compare_in_ipython_registers_the_figure_without_load_ext(
+    ipython_shell: Any, fake_clock: Any, bf16_cpu: Any
+) -> None:
+    import gpudiag
+    from gpudiag.ui.figures import register_displays, unregister_displays
+
+    comparison = _comparison(fake_clock, bf16_cpu)
+    unregister_displays(ipython_shell)
+    try:
+        data, _ = ipython_shell.display_formatter.format(comparison)
+        assert WIDGET not in data  # the table alone
+        gpudiag.__getattr__("compare")  # what `gd.compare` does on first use
+        data, _ = ipython_shell.display_formatter.format(comparison)
+        assert WIDGET in data
+    finally:
+        register_displays(ipython_shell)
