@@ -96,7 +96,11 @@ def comparison_figure(comparison: Comparison) -> Any:
     )
     fig.update_layout(
         title={
-            "text": esc(f"{comparison.workload_description} on {comparison.hardware}"),
+            # Two lines: a long workload and hardware description is not cut off.
+            "text": esc(comparison.workload_description)
+            + "<br><span style='font-size:11px'>"
+            + esc(f"on {comparison.hardware}")
+            + "</span>",
             "font": {"size": 13},
         },
         height=380,

@@ -169,7 +169,9 @@ def rank_comparison_figure(report: TraceReport) -> Any:
 
 
 _BACKWARD = "autograd::engine::evaluate_function:"
-_OPERATOR_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2")
+# Phases and operators get colours of their own, so no legend entry reads as another.
+_PHASE_COLORS = ("#e45756", "#54a24b", "#4c78a8")
+_OPERATOR_COLORS = ("#f58518", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#ff9da6")
 
 
 def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) -> Any:
@@ -191,7 +193,7 @@ def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) 
         ("data loading", loading),
         ("forward, loss, optimizer and Python", max(step_us - backward - loading, 0.0)),
     ]
-    for (label, us), color in zip(phases, ("#e45756", "#54a24b", "#4c78a8"), strict=True):
+    for (label, us), color in zip(phases, _PHASE_COLORS, strict=True):
         if us > 0:
             _share_bar(fig, "by phase", label, us, step_us, color)
     by_self = sorted((o for o in ops if o.self_us > 0), key=lambda o: -o.self_us)
@@ -204,8 +206,8 @@ def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) 
         barmode="stack",
         xaxis_title="% of step time",
         xaxis_range=[0, 100],
-        height=260,
-        legend_orientation="h",
+        height=240,
+        legend={"orientation": "v", "x": 1.02, "y": 1.0, "font": {"size": 11}},
         margin={"l": 90, "r": 20, "t": 50, "b": 40},
     )
     return fig
