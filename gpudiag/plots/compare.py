@@ -103,8 +103,8 @@ def comparison_figure(comparison: Comparison) -> Any:
             + "</span>",
             "font": {"size": 13},
         },
-        height=380,
-        margin={"l": 40, "r": 20, "t": 70, "b": 80},
+        height=400,
+        margin={"l": 40, "r": 20, "t": 95, "b": 80},
         annotations=[
             *fig.layout.annotations,
             {

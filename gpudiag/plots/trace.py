@@ -198,7 +198,8 @@ def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) 
             _share_bar(fig, "by phase", label, us, step_us, color)
     by_self = sorted((o for o in ops if o.self_us > 0), key=lambda o: -o.self_us)
     for op, color in zip(by_self[:top], _OPERATOR_COLORS, strict=False):
-        _share_bar(fig, "by operator", op.name, op.self_us, step_us, color)
+        name = op.name.replace(_BACKWARD, "backward:", 1).replace("torch::autograd::", "")
+        _share_bar(fig, "by operator", name, op.self_us, step_us, color)
     rest = max(step_us - sum(o.self_us for o in by_self[:top]), 0.0)
     _share_bar(fig, "by operator", "other operators and Python", rest, step_us, "#bab0ac")
     fig.update_layout(
@@ -206,7 +207,7 @@ def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) 
         barmode="stack",
         xaxis_title="% of step time",
         xaxis_range=[0, 100],
-        height=240,
+        height=300,  # the legend's nine entries fit without a scrollbar
         legend={"orientation": "v", "x": 1.02, "y": 1.0, "font": {"size": 11}},
         margin={"l": 90, "r": 20, "t": 50, "b": 40},
     )
