@@ -108,6 +108,26 @@ export function shortValue(value, unit) {
   return `${+value.toPrecision(3)}${unit && unit.length <= 2 ? unit : ""}`;
 }
 
+// A round top for a value scale at or above `value`, round in the unit the label shows
+// (1.2Gi rather than 1.21Gi, 40°C rather than 34.1°C).
+export function niceMax(value, unit) {
+  if (!(value > 0)) return 1;
+  let div = 1;
+  const binary = [2 ** 40, 2 ** 30, 2 ** 20, 2 ** 10];
+  const decimal = [1e9, 1e6, 1e3];
+  const scales = unit === "B" ? binary : unit === "B/s" || unit === "MHz" ? decimal : [];
+  for (const scale of scales) {
+    if (value >= scale) {
+      div = scale;
+      break;
+    }
+  }
+  const v = value / div;
+  const power = 10 ** Math.floor(Math.log10(v));
+  const step = [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10].find((m) => m * power >= v * (1 - 1e-9));
+  return +(step * power).toPrecision(6) * div;
+}
+
 // Ticks for a window of `spanS` seconds ending now: at most `maxTicks` + 1, a round step apart,
 // each {offsetS (<= 0), label} with "now" for 0 ("-30s", "-2m" before it).
 export function timeTicks(spanS, maxTicks = 4) {
@@ -338,7 +358,7 @@ class MonitorView {
         last.push(lastValue);
       }
       if (!(yMax > 0)) yMax = 1;
-      if (!tile.scale_max) yMax *= 1.1;
+      if (!tile.scale_max) yMax = niceMax(yMax * 1.05, tile.unit);
       // The plot sits right of the value scale and above the time axis.
       const plot = { left: AXIS_LEFT, right: cssWidth - 2, top: 4, bottom: cssHeight - AXIS_BOTTOM };
       const x = (ts) => plot.left + ((ts - tMin) / shownS) * (plot.right - plot.left);

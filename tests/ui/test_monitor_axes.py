@@ -50,3 +50,12 @@ def test_value_scale_labels_are_short_and_keep_the_unit() -> None:
     )
     assert labels == ["100%", "42.5Gi", "1.41GHz", "250W", "3.2G/s", "0%"]
     assert all(len(label) <= 7 for label in labels)  # fits the axis' 44 px
+
+
+def test_the_scale_top_is_a_round_number_in_the_unit_shown() -> None:
+    tops = _js(
+        '[[1.21 * 2 ** 30, "B"], [25.1, "W"], [231, "MHz"], [34.1, "°C"], [7.7 * 2 ** 20, "B"],'
+        ' [0.3, ""], [1410, "MHz"]].map(([v, u]) => m.shortValue(m.niceMax(v, u), u))'
+    )
+    assert tops == ["1.5Gi", "30W", "250MHz", "40°C", "8Mi", "0.3", "1.5GHz"]
+    assert _js("[m.niceMax(0, 'W'), m.niceMax(100, '%')]") == [1, 100]
