@@ -41,6 +41,25 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
 }
 
+# Names whose results a notebook shows with their figure (gpudiag.ui.figures).
+_SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})
+
+
+def _register_notebook_displays() -> None:
+    """In IPython, show a Comparison with its figure even without ``%load_ext gpudiag``."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        from gpudiag.ui.figures import register_displays
+
+        register_displays(shell)
+
+
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
 
 
@@ -51,6 +70,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'gpudiag' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
+    if name in _SHOWN_WITH_FIGURES:
+        _register_notebook_displays()
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

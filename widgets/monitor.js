@@ -90,6 +90,85 @@ function formatValue(value, unit) {
   return unit ? `${text} ${unit}` : text;
 }
 
+// -- axes: a value scale on the left, seconds before now along the bottom ---------------------
+
+export const AXIS_LEFT = 44; // px for the value labels
+export const AXIS_BOTTOM = 11; // px for the time labels
+
+// Compact value for an axis label: "100%", "40Gi", "1.2G/s", "300W".
+export function shortValue(value, unit) {
+  const abs = Math.abs(value);
+  const pick = (steps, plain) => {
+    for (const [scale, name] of steps) if (abs >= scale) return `${+(value / scale).toPrecision(3)}${name}`;
+    return `${+value.toPrecision(3)}${plain}`;
+  };
+  if (unit === "B") return pick([[2 ** 40, "Ti"], [2 ** 30, "Gi"], [2 ** 20, "Mi"], [2 ** 10, "Ki"]], "B");
+  if (unit === "B/s") return pick([[1e9, "G/s"], [1e6, "M/s"], [1e3, "k/s"]], "B/s");
+  if (unit === "MHz") return pick([[1e3, "GHz"]], "MHz");
+  return `${+value.toPrecision(3)}${unit && unit.length <= 2 ? unit : ""}`;
+}
+
+// A round top for a value scale at or above `value`, round in the unit the label shows
+// (1.2Gi rather than 1.21Gi, 40°C rather than 34.1°C).
+export function niceMax(value, unit) {
+  if (!(value > 0)) return 1;
+  let div = 1;
+  const binary = [2 ** 40, 2 ** 30, 2 ** 20, 2 ** 10];
+  const decimal = [1e9, 1e6, 1e3];
+  const scales = unit === "B" ? binary : unit === "B/s" || unit === "MHz" ? decimal : [];
+  for (const scale of scales) {
+    if (value >= scale) {
+      div = scale;
+      break;
+    }
+  }
+  const v = value / div;
+  const power = 10 ** Math.floor(Math.log10(v));
+  const step = [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10].find((m) => m * power >= v * (1 - 1e-9));
+  return +(step * power).toPrecision(6) * div;
+}
+
+// Ticks for a window of `spanS` seconds ending now: at most `maxTicks` + 1, a round step apart,
+// each {offsetS (<= 0), label} with "now" for 0 ("-30s", "-2m" before it).
+export function timeTicks(spanS, maxTicks = 4) {
+  const steps = [0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+  const step = steps.find((s) => spanS / s <= maxTicks) || steps[steps.length - 1];
+  const ticks = [];
+  for (let k = 0; k * step <= spanS + 1e-9 && ticks.length <= maxTicks + 1; k++) {
+    const back = k * step;
+    const label = k === 0 ? "now" : back >= 60 ? `-${+(back / 60).toPrecision(3)}m` : `-${back}s`;
+    ticks.push({ offsetS: -back, label });
+  }
+  return ticks;
+}
+
+function drawAxes(ctx, plot, yMax, unit, ticks, x, muted, grid) {
+  ctx.font = "9px system-ui, sans-serif";
+  ctx.fillStyle = muted;
+  ctx.strokeStyle = grid;
+  ctx.lineWidth = 1;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const frac of [0, 0.5, 1]) {
+    const yy = Math.round(plot.bottom - frac * (plot.bottom - plot.top)) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(plot.left, yy);
+    ctx.lineTo(plot.right, yy);
+    ctx.stroke();
+    if (frac !== 0.5) ctx.fillText(shortValue(frac * yMax, unit), plot.left - 3, yy);
+  }
+  ctx.textBaseline = "top";
+  for (const tick of ticks) {
+    const xx = Math.round(x(tick.offsetS)) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(xx, plot.bottom);
+    ctx.lineTo(xx, plot.bottom + 2);
+    ctx.stroke();
+    ctx.textAlign = tick.offsetS === 0 ? "right" : xx - plot.left < 12 ? "left" : "center";
+    ctx.fillText(tick.label, tick.offsetS === 0 ? plot.right : xx, plot.bottom + 1);
+  }
+}
+
 function clock(ts) {
   const d = new Date(ts * 1000);
   return d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
@@ -243,6 +322,9 @@ class MonitorView {
     const dpr = window.devicePixelRatio || 1;
     const lineColor = getComputedStyle(this.root).getPropertyValue("--gd-line").trim() || "#4c78a8";
     const shade = getComputedStyle(this.root).getPropertyValue("--gd-throttle").trim() || "rgba(228, 87, 86, 0.18)";
+    const muted = getComputedStyle(this.root).getPropertyValue("--gd-muted").trim() || "#666";
+    const gridColor = getComputedStyle(this.root).getPropertyValue("--gd-border").trim() || "#ddd";
+    const ticks = timeTicks(shownS);
     let totalPoints = 0;
     for (const item of this.tiles) {
       const { tile, canvas, value, box } = item;
@@ -276,9 +358,14 @@ class MonitorView {
         last.push(lastValue);
       }
       if (!(yMax > 0)) yMax = 1;
-      if (!tile.scale_max) yMax *= 1.1;
-      const x = (ts) => ((ts - tMin) / shownS) * cssWidth;
-      const y = (val) => cssHeight - 2 - (val / yMax) * (cssHeight - 4);
+      if (!tile.scale_max) yMax = niceMax(yMax * 1.05, tile.unit);
+      // The plot sits right of the value scale and above the time axis.
+      const plot = { left: AXIS_LEFT, right: cssWidth - 2, top: 4, bottom: cssHeight - AXIS_BOTTOM };
+      const x = (ts) => plot.left + ((ts - tMin) / shownS) * (plot.right - plot.left);
+      const y = (val) => plot.bottom - (val / yMax) * (plot.bottom - plot.top);
+      drawAxes(ctx, plot, yMax, tile.unit, ticks, (offsetS) => x(newest + offsetS), muted, gridColor);
+      box.dataset.scale = `0 to ${shortValue(yMax, tile.unit)}`;
+      box.dataset.axis = ticks.map((t) => t.label).join(" ");
 
       // Shade the stretches where this device was throttled.
       const th = this.throttleSeries(item.device);
@@ -289,7 +376,7 @@ class MonitorView {
           if (store.v[slot * store.width + th] >= 0.5) {
             const x0 = x(store.t[slot]);
             const next = k + 1 < store.count ? store.t[(k + 1) % store.capacity] : store.t[slot] + intervalS;
-            ctx.fillRect(x0, 0, Math.max(1, x(next) - x0), cssHeight);
+            ctx.fillRect(x0, plot.top, Math.max(1, x(next) - x0), plot.bottom - plot.top);
           }
         }
       }

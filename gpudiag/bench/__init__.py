@@ -25,6 +25,7 @@ from gpudiag.bench.collectives import (
     run_collective,
     torchrun_command,
 )
+from gpudiag.bench.cpu_bf16 import Bf16Speed, cpu_bf16_speed
 from gpudiag.bench.gemm import MatmulResult, MatmulRow, matmul
 from gpudiag.bench.memory import BandwidthResult, BandwidthRow, bandwidth
 from gpudiag.bench.sdpa import AttentionResult, AttentionRow, attention
@@ -35,6 +36,7 @@ __all__ = [
     "AttentionRow",
     "BandwidthResult",
     "BandwidthRow",
+    "Bf16Speed",
     "CollectiveResult",
     "CollectiveRow",
     "MatmulResult",
@@ -44,6 +46,7 @@ __all__ = [
     "allreduce",
     "attention",
     "bandwidth",
+    "cpu_bf16_speed",
     "matmul",
     "measure",
     "parse_nccl_tests",

@@ -374,10 +374,9 @@ def _hardware(system: Any, device_type: str) -> tuple[str, dict[str, Any]]:
         return f"GPU {name} (compute capability {fix_system.cc_text(cc)}), torch {version}", facts
     cpu = host.cpu_model.get("unknown CPU") if host is not None else "unknown CPU"
     cores = host.logical_cores.get("?") if host is not None else "?"
-    bf16 = " with fast bf16" if getattr(host, "cpu_bf16_fast", False) else ""
-    facts.update(
-        cpu=cpu, logical_cores=cores, cpu_bf16_fast=bool(getattr(host, "cpu_bf16_fast", False))
-    )
+    instructions = bool(getattr(host, "cpu_bf16_instructions", False))
+    bf16 = " with bf16 instructions" if instructions else ""
+    facts.update(cpu=cpu, logical_cores=cores, cpu_bf16_instructions=instructions)
     return f"CPU {cpu} ({cores} logical cores{bf16}), torch {version}", facts
 
 

@@ -20,7 +20,13 @@ def register(ipython: Any) -> None:
     # ``%gpudiag?`` shows the list of subcommands.
     GpuDiagMagics.gpudiag.__doc__ = help_text()
     ipython.register_magics(GpuDiagMagics(ipython))
+    from gpudiag.ui.figures import register_displays
+
+    register_displays(ipython)
 
 
 def unregister(ipython: Any) -> None:
     ipython.magics_manager.registry.pop("GpuDiagMagics", None)
+    from gpudiag.ui.figures import unregister_displays
+
+    unregister_displays(ipython)

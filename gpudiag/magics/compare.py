@@ -4,7 +4,7 @@
 training step, many times, with each fix applied around it (ambient fixes and compile). The
 torch modules and optimizers the cell uses are restored afterwards, and so are the notebook
 variables it assigns; a ``loss`` variable set by the cell feeds the drift check. The cell's
-printed output is silenced while it is measured.
+printed output is silenced while it is measured. The result shows its figure above its table.
 """
 
 from __future__ import annotations
@@ -69,17 +69,30 @@ def _bindings_restored(names: set[str], namespace: dict[str, Any]) -> Iterator[N
                 namespace.pop(name, None)
 
 
-def cell_workload(cell: str, namespace: dict[str, Any]) -> tuple[Any, set[str]]:
-    """A step-function workload that runs the cell; its modules and optimizers are protected."""
+def cell_workload(
+    cell: str, namespace: dict[str, Any], *, each_run_restored: bool = False, magic: str = "compare"
+) -> tuple[Any, set[str]]:
+    """A step-function workload that runs the cell; its modules and optimizers are protected.
+
+    ``each_run_restored``: every run of the cell puts the notebook's variables back and keeps
+    its printed output to itself (for a workload that outlives the magic call, such as the one
+    a doctor card's Try-it button runs later).
+    """
     from gpudiag.experiment.workload import Workload
 
-    code = compile(cell, "<%%gpudiag compare cell>", "exec")
+    code = compile(cell, f"<%%gpudiag {magic} cell>", "exec")
     names = _names(code)
     modules, optimizers = _torch_objects(names, namespace)
 
-    def step() -> Any:
+    def run_cell() -> Any:
         exec(code, namespace)  # the user's own cell, in their own namespace
         return namespace.get("loss")
+
+    def step() -> Any:
+        if not each_run_restored:
+            return run_cell()
+        with _bindings_restored(names, namespace), contextlib.redirect_stdout(io.StringIO()):
+            return run_cell()
 
     # The biggest module is "the model": reset between arms, its gradients give the grad norm.
     model = max(modules, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)

@@ -1,13 +1,23 @@
-"""Inspect, profile a few steps of a workload and diagnose (``%gpudiag doctor``)."""
+"""Diagnose your training step: the cell (%%), a Workload, or a demo (%gpudiag doctor).
+
+``%%gpudiag doctor`` runs the cell as one training step, the way ``%%gpudiag compare`` does:
+the model, optimizer and batch are the notebook's variables the cell uses; the cell is
+profiled for a few steps and the torch modules and optimizers it uses are restored afterwards,
+and so are the notebook variables it assigns. Its printed output is silenced while it runs.
+Without a cell or ``--workload``, doctor diagnoses a built-in demo and says so first.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 from typing import Any
 
 from gpudiag.errors import GpuDiagError
 
 DEMO = "mlp"
+CELL_FILENAME = "<%%gpudiag doctor cell>"  # what tracebacks from the user's cell say
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workload",
         metavar="NAME",
-        help="a demo workload name, or a gd.Workload variable of the notebook "
-        f"(default: the demo {DEMO!r})",
+        help="line form: a gd.Workload variable of the notebook, or a demo workload "
+        f"(without it and without a cell: the demo {DEMO!r})",
     )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (3)")
     parser.add_argument(
@@ -35,18 +45,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _workload(name: str | None, shell: Any) -> Any:
+def demo_note(name: str) -> str:
+    """What doctor says first when it diagnoses a demo rather than the user's code."""
+    from gpudiag.workloads import WORKLOADS
+
+    return (
+        f"gpudiag doctor: diagnosing the built-in demo workload {name!r} "
+        f"({WORKLOADS[name][1]}), not your code. For your own training step, run it as the "
+        "cell of %%gpudiag doctor (model, optimizer and batch from your variables), or pass "
+        "--workload WL with WL = gd.Workload(...)."
+    )
+
+
+def _workload(name: str | None, shell: Any) -> tuple[Any, str]:
+    """The workload (or demo name) to diagnose, and a note saying what it is."""
     from gpudiag.experiment.workload import Workload
 
     if name is None:
-        return DEMO
+        return DEMO, demo_note(DEMO)
     value = getattr(shell, "user_ns", {}).get(name)
     if isinstance(value, Workload):
-        return value
+        return value, f"gpudiag doctor: diagnosing the notebook's workload {name!r}."
     from gpudiag.workloads import names
 
     if name in names():
-        return name
+        return name, demo_note(name)
     raise GpuDiagError(
         f"--workload {name!r} is neither a gd.Workload variable of this notebook nor a demo "
         f"workload ({', '.join(names())})"
@@ -60,20 +83,76 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
 
     if args.steps < 1:
         raise GpuDiagError("--steps must be at least 1")
-    system = inspect(replay=args.replay)
+    if cell is not None and cell.strip() and (args.workload or args.trace):
+        raise GpuDiagError(
+            "%%gpudiag doctor diagnoses its cell: drop --workload/--trace, or use the line "
+            "form %gpudiag doctor --workload NAME"
+        )
     if args.trace:
-        return diagnose(trace=args.trace, system=system)
+        return diagnose(trace=args.trace, system=inspect(replay=args.replay))
     bar = ProgressBar("doctor")  # profiling and batch scaling take seconds: show them
-    diagnosis = diagnose(
-        workload=_workload(args.workload, shell),
-        system=system,
-        steps=args.steps,
-        scaling=not args.no_scaling,
-        progress=bar,
-    )
+    if cell is not None and cell.strip():
+        from gpudiag.experiment.trial import isolated
+        from gpudiag.magics.compare import _bindings_restored, cell_workload
+
+        namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
+        workload, names = cell_workload(cell, namespace, each_run_restored=True, magic="doctor")
+        note = "gpudiag doctor: diagnosing the cell as your training step."
+        system = inspect(replay=args.replay)
+        try:
+            with (
+                _bindings_restored(names, namespace),
+                isolated(*workload.protected),
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
+                diagnosis = diagnose(
+                    workload=workload,
+                    system=system,
+                    steps=args.steps,
+                    scaling=not args.no_scaling,
+                    progress=bar,
+                )
+        except Exception as exc:
+            bar.close(complete=False)
+            if not _raised_in_cell(exc):
+                raise
+            raise GpuDiagError(
+                f"the cell failed when run as a training step: {type(exc).__name__}: {exc} "
+                "(run it as a plain cell first to see the traceback)"
+            ) from exc
+    else:
+        workload, note = _workload(args.workload, shell)
+        print(note)  # first, before the profiling: the user knows what is being diagnosed
+        diagnosis = diagnose(
+            workload=workload,
+            system=inspect(replay=args.replay),
+            steps=args.steps,
+            scaling=not args.no_scaling,
+            progress=bar,
+        )
     bar.close(complete=True)
     if args.no_widget:
         return diagnosis
+    return doctor_view(diagnosis, note=note, time_budget_s=args.budget)
+
+
+def _raised_in_cell(exc: BaseException) -> bool:
+    """The exception came out of the user's cell (a bug of theirs, not of gpudiag)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == CELL_FILENAME:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def doctor_view(diagnosis: Any, *, note: str = "", **compare_options: Any) -> Any:
+    """The diagnosis card: the note, where the step's time goes (a bar), then the findings."""
     from gpudiag.ui.diagnosis import DiagnosisView
 
-    return DiagnosisView(diagnosis, time_budget_s=args.budget)
+    figure = None
+    if diagnosis.trace is not None:
+        from gpudiag.plots.trace import step_time_figure
+
+        figure = step_time_figure(diagnosis.trace)
+    return DiagnosisView(diagnosis, note=note, figure=figure, **compare_options)

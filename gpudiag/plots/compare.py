@@ -96,11 +96,15 @@ def comparison_figure(comparison: Comparison) -> Any:
     )
     fig.update_layout(
         title={
-            "text": esc(f"{comparison.workload_description} on {comparison.hardware}"),
+            # Two lines: a long workload and hardware description is not cut off.
+            "text": esc(comparison.workload_description)
+            + "<br><span style='font-size:11px'>"
+            + esc(f"on {comparison.hardware}")
+            + "</span>",
             "font": {"size": 13},
         },
-        height=380,
-        margin={"l": 40, "r": 20, "t": 70, "b": 80},
+        height=400,
+        margin={"l": 40, "r": 20, "t": 95, "b": 80},
         annotations=[
             *fig.layout.annotations,
             {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._report import esc
+
 if TYPE_CHECKING:  # pragma: no cover
     from gpudiag.analysis.trace import TraceReport
 
@@ -164,3 +166,69 @@ def rank_comparison_figure(report: TraceReport) -> Any:
         )
     fig.update_layout(title=title, barmode="group", yaxis_title="ms", height=380)
     return fig
+
+
+_BACKWARD = "autograd::engine::evaluate_function:"
+# Phases and operators get colours of their own, so no legend entry reads as another.
+_PHASE_COLORS = ("#e45756", "#54a24b", "#4c78a8")
+_OPERATOR_COLORS = ("#f58518", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#ff9da6")
+
+
+def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) -> Any:
+    """Where a CPU step's host time goes: by phase (backward, data loading, the rest) and by
+    operator (self time of the ``top`` operators, the rest as "other"), as shares of the
+    profiled steps' wall time."""
+    title = "where the step's time goes (host)"
+    steps = [s for s in report.steps(rank) if s.in_window] or list(report.steps(rank))
+    step_us = sum(s.duration_us for s in steps)
+    ops = report.rank(rank).cpu_ops
+    if step_us <= 0 or not ops:
+        return _empty(title, "no profiler steps or operators in this trace")
+    go = _go()
+    fig = go.Figure()
+    backward = sum(o.total_us for o in ops if o.name.startswith(_BACKWARD))
+    loading = sum(s.dataloader_us or 0.0 for s in steps)
+    phases = [
+        ("backward (autograd)", backward),
+        ("data loading", loading),
+        ("forward, loss, optimizer and Python", max(step_us - backward - loading, 0.0)),
+    ]
+    for (label, us), color in zip(phases, _PHASE_COLORS, strict=True):
+        if us > 0:
+            _share_bar(fig, "by phase", label, us, step_us, color)
+    by_self = sorted((o for o in ops if o.self_us > 0), key=lambda o: -o.self_us)
+    for op, color in zip(by_self[:top], _OPERATOR_COLORS, strict=False):
+        name = op.name.replace(_BACKWARD, "backward:", 1).replace("torch::autograd::", "")
+        _share_bar(fig, "by operator", name, op.self_us, step_us, color)
+    rest = max(step_us - sum(o.self_us for o in by_self[:top]), 0.0)
+    _share_bar(fig, "by operator", "other operators and Python", rest, step_us, "#bab0ac")
+    fig.update_layout(
+        title=f"{title}: {len(steps)} step(s), {step_us / len(steps) / 1000:.1f} ms each",
+        barmode="stack",
+        xaxis_title="% of step time",
+        xaxis_range=[0, 100],
+        height=300,  # the legend's nine entries fit without a scrollbar
+        legend={"orientation": "v", "x": 1.02, "y": 1.0, "font": {"size": 11}},
+        margin={"l": 90, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def _share_bar(fig: Any, row: str, label: str, us: float, total_us: float, color: str) -> None:
+    fig.add_bar(
+        name=esc(label),
+        y=[row],
+        x=[100.0 * us / total_us],
+        orientation="h",
+        marker_color=color,
+        customdata=[[us / 1000.0]],
+        hovertemplate=esc(label) + ": %{x:.1f}% (%{customdata[0]:.1f} ms)<extra></extra>",
+    )
+
+
+def step_time_figure(report: TraceReport, rank: int | None = None) -> Any:
+    """Where the step's time goes: the GPU time breakdown when the trace has GPU events, the
+    host step's phases and operators otherwise (a CPU run)."""
+    if report.has_gpu_events:
+        return breakdown_figure(report, rank)
+    return cpu_step_figure(report, rank)

@@ -177,9 +177,15 @@ class HostInfo:
         return any(f.startswith("amx") for f in self.cpu_flags)
 
     @property
-    def cpu_bf16_fast(self) -> bool:
-        """bf16 matmuls have hardware support on this CPU (AVX512-BF16 or AMX)."""
+    def cpu_bf16_instructions(self) -> bool:
+        """This CPU has bf16 instructions (AVX512-BF16 or AMX). Not a speed: whether torch's
+        bf16 matmuls beat fp32 here is measured by ``gpudiag.bench.cpu_bf16``."""
         return self.has_avx512_bf16 or self.has_amx
+
+    @property
+    def cpu_bf16_fast(self) -> bool:
+        """The old name of ``cpu_bf16_instructions``: flags only, nothing measured."""
+        return self.cpu_bf16_instructions
 
 
 def record_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:

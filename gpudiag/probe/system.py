@@ -139,8 +139,8 @@ class SystemReport:
             memory += f" ({_gib(h.memory_available_bytes)} free)"
         out.append(f"Host     {h.cpu_model.get('unknown CPU')}, {cores}, {memory} RAM")
         if h.cpu_flags:
-            bf16 = "yes" if h.cpu_bf16_fast else "no"
-            out.append(f"         CPU flags: {' '.join(h.cpu_flags)} (fast bf16: {bf16})")
+            bf16 = "yes, speed not measured" if h.cpu_bf16_instructions else "no"
+            out.append(f"         CPU flags: {' '.join(h.cpu_flags)} (bf16 instructions: {bf16})")
         if t.version.ok:
             out.append(
                 f"Torch    {t.version.value} ({t.build} build), {t.num_threads.get('?')} threads, "

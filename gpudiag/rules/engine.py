@@ -111,6 +111,8 @@ class Diagnosis:
     # The workload the evidence came from, so a fix can be tried on it (``try_fix``).
     workload: Any = field(default=None, repr=False, compare=False)
     system: Any = field(default=None, repr=False, compare=False)
+    # The trace the findings read (a TraceReport), so a front end can show where time went.
+    trace: Any = field(default=None, repr=False, compare=False)
 
     def recommended(self) -> list[Any]:
         """The ``gd.Fix`` objects worth trying, best first (one per fix id)."""
@@ -249,6 +251,7 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
         tuple(sources),
         workload=evidence.workload,
         system=evidence.system,
+        trace=evidence.trace,
     )
 
 

@@ -63,8 +63,14 @@ class FixRef:
         return Fix(self.id, **dict(self.params))
 
     def __str__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
-        return f"{self.id}({args})" if args else self.id
+        """The spelling the CLI, magics and recipes take (``attention.backend=flash``)."""
+        from gpudiag.errors import GpuDiagError
+
+        try:
+            return str(self.to_fix().label)
+        except GpuDiagError:  # an id this version has no spec for: say it as it was given
+            args = ",".join(f"{k}={v}" for k, v in self.params.items())
+            return f"{self.id}:{args}" if args else self.id
 
 
 @dataclass(frozen=True, slots=True)

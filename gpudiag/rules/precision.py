@@ -214,7 +214,7 @@ def _fp32_params(model: Any) -> bool:
 
 @rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """An fp32 workload on a CPU with hardware bf16 (AVX512-BF16 or AMX)."""
+    """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
     workload = evidence.workload
     if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
         return
@@ -222,39 +222,69 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     if reduced is not None and reduced >= 0.5:
         return  # the step already autocasts: its matmuls ran in bf16/fp16
     host = evidence.system.host
-    if not host.cpu_bf16_fast:
-        return
+    if not host.cpu_bf16_instructions:
+        return  # no bf16 instructions: bf16 would be emulated
     from gpudiag.fixes import Fix
 
     ok, _ = Fix("precision.bf16").supported(evidence.system, "cpu")
     if not ok:
         return
+    if evidence.system.is_recording:
+        return  # a recorded machine's CPU cannot be measured from here
+    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed
+
+    # The flags say bf16 has instructions, not that torch runs it faster: measure (cached).
+    speed = cpu_bf16_speed()
     flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
+    items = [
+        Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
+        Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
+        Evidence("parameter dtype", "float32", source="workload"),
+    ]
+    if speed.measured:
+        items.append(
+            Evidence("bf16 / fp32 matmul speed", round(speed.ratio or 0.0, 2), "x", speed.source)
+        )
+    if reduced is not None:
+        items.append(
+            Evidence(
+                "matmul time in bf16/fp16",
+                round(100 * reduced, 1),
+                "%",
+                trace_source(evidence.trace),
+            )
+        )
+    threshold = (
+        f"fp32 parameters on a CPU with AVX512-BF16 or AMX where bf16 matmuls measured at "
+        f"least {FAST_RATIO:.2f}x the speed of fp32, and under half of the traced matmul time "
+        "in bf16/fp16 (when a trace with shapes is at hand)"
+    )
+    if not speed.fast:
+        what = (
+            f"measured {speed.ratio:.2f}x the speed of fp32 here"
+            if speed.measured
+            else f"could not be measured ({speed.reason})"
+        )
+        yield Finding(
+            "precision.cpu_bf16_not_faster",
+            Severity.INFO,
+            CATEGORY,
+            f"this CPU has bf16 instructions, but its bf16 matmuls {what}: not a reason to "
+            "switch to bf16 autocast",
+            tuple(items),
+            threshold=threshold,
+            instruction="keep fp32; re-measure with gd.bench.matmul(dtypes=['fp32', 'bf16'])",
+        )
+        return
+    faster = "several times" if (speed.ratio or 0.0) >= 2.5 else f"{speed.ratio:.1f}x"
     yield Finding(
         "precision.cpu_fp32_with_bf16",
         Severity.MEDIUM,
         CATEGORY,
-        "the workload trains in fp32 on a CPU with hardware bf16: bf16 autocast runs its "
-        "matmuls several times faster",
-        (
-            Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
-            Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
-            Evidence("parameter dtype", "float32", source="workload"),
-            *(
-                ()
-                if reduced is None
-                else (
-                    Evidence(
-                        "matmul time in bf16/fp16",
-                        round(100 * reduced, 1),
-                        "%",
-                        trace_source(evidence.trace),
-                    ),
-                )
-            ),
-        ),
-        threshold="fp32 parameters on a CPU with AVX512-BF16 or AMX, and under half of the "
-        "traced matmul time in bf16/fp16 (when a trace with shapes is at hand)",
+        f"the workload trains in fp32 on a CPU where bf16 matmuls measured {faster} faster "
+        "than fp32: bf16 autocast should speed up its matmuls",
+        tuple(items),
+        threshold=threshold,
         fix=FixRef("precision.bf16"),
         instruction="torch.autocast('cpu', dtype=torch.bfloat16) around forward and loss "
         "(skip this if the step already autocasts)",

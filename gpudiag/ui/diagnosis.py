@@ -2,50 +2,122 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ipywidgets as widgets
 
+from gpudiag._progress import ProgressBar
 from gpudiag._report import esc
 from gpudiag.errors import GpuDiagError
 
+_FULL = widgets.Layout(width="100%")
+_OUTCOME_COLORS = {"faster": "#2e7d32", "slower": "#c62828"}
+_NEUTRAL = "#546e7a"
 
-class DiagnosisView(widgets.VBox):
-    """Findings of a ``Diagnosis``; a finding whose fix can be tried gets a "Try it" button.
 
-    A click runs ``diagnosis.try_fix(fix, **compare_options)`` (``gd.compare`` on the diagnosed
-    workload, in isolated trials) and shows the comparison beside the finding. Without a
-    workload, or for a fix gpudiag cannot apply live (advice, environment), the button is
-    disabled and says why.
+@dataclasses.dataclass(frozen=True)
+class TrialOutcome:
+    """What a Try-it comparison measured for one fix: in words, its verdict, whether it helped.
+
+    A fix helped when ``Comparison.kept()`` keeps it: faster, or (a memory fix) peak memory
+    cut enough, without large drift. Slower, no different, failed or not measured did not.
     """
 
-    def __init__(self, diagnosis: Any, **compare_options: Any) -> None:
+    text: str
+    helped: bool
+    verdict: str | None = None
+
+
+def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
+    try:
+        arm = result.arm(fix)
+    except GpuDiagError as exc:
+        return TrialOutcome(f"not measured: {exc}", False)
+    if arm.error is not None or arm.verdict is None or arm.speedup is None:
+        return TrialOutcome(f"{arm.label} failed: {arm.error or 'not measured'}", False)
+    helped = any(a.label == arm.label for a in result.kept())
+    text = f"{arm.label} measured {arm.verdict} here: {arm.speedup}"
+    saving = result.memory_saving(arm)
+    if saving > 0:
+        text += f", peak memory {saving:.0%} lower"
+    return TrialOutcome(text, helped, arm.verdict)
+
+
+class DiagnosisView(widgets.VBox):
+    """Findings of a ``Diagnosis``, full width; a finding whose fix can be tried gets a "Try it"
+    button, and the comparison appears below the finding.
+
+    A click runs ``diagnosis.try_fix(fix, **compare_options)`` (``gd.compare`` on the diagnosed
+    workload, in isolated trials). The finding's card then says what was measured; a fix that
+    came back slower or no different is marked so and no longer recommends itself. Without a
+    workload, or for a fix gpudiag cannot apply live (advice, environment), the button is
+    disabled and says why. ``note`` (what was diagnosed) and ``figure`` (a plotly figure: where
+    the step's time goes) are shown above the findings.
+    """
+
+    def __init__(
+        self, diagnosis: Any, *, note: str = "", figure: Any = None, **compare_options: Any
+    ) -> None:
         self.diagnosis = diagnosis
-        self.compare_options = {"progress": False, **compare_options}
+        self.compare_options = dict(compare_options)
         self.buttons: list[widgets.Button] = []
         self.outputs: list[widgets.Output] = []
+        self.cards: dict[int, widgets.HTML] = {}
         self.results: dict[int, Any] = {}
+        self.shown: dict[int, Any] = {}  # what appears below each tried finding
+        self.outcomes: dict[int, TrialOutcome] = {}
         header = widgets.HTML(
             f"<b>gpudiag diagnose</b>: {len(diagnosis.findings)} findings "
-            f"({esc(', '.join(diagnosis.sources) or 'no evidence')})"
+            f"({esc(', '.join(diagnosis.sources) or 'no evidence')})",
+            layout=_FULL,
         )
         rows: list[widgets.Widget] = [header]
+        if note:
+            rows.append(widgets.HTML(f"<div class='gpudiag-note'>{esc(note)}</div>", layout=_FULL))
+        if figure is not None:
+            from gpudiag.ui.figures import figure_widget
+
+            rows.append(figure_widget(figure))
         for index, finding in enumerate(diagnosis.findings):
             rows.append(self._row(index, finding))
         if diagnosis.not_evaluated:
             items = "".join(f"<li>{esc(n)}</li>" for n in diagnosis.not_evaluated)
             rows.append(
-                widgets.HTML(f"<details><summary>not evaluated</summary><ul>{items}</ul></details>")
+                widgets.HTML(
+                    f"<details><summary>not evaluated</summary><ul>{items}</ul></details>",
+                    layout=_FULL,
+                )
             )
-        super().__init__(rows)
+        super().__init__(rows, layout=widgets.Layout(width="100%"))
+
+    def _card_html(self, index: int) -> str:
+        finding = self.diagnosis.findings[index]
+        outcome = self.outcomes.get(index)
+        if outcome is None:
+            return str(finding.html())
+        if not outcome.helped:
+            # Measured here and it did not help: the card stops recommending the fix.
+            finding = dataclasses.replace(
+                finding, fix=None, instruction=f"keep it as it is: {finding.fix} did not help here"
+            )
+        colour = _OUTCOME_COLORS.get(outcome.verdict or "", _NEUTRAL)
+        mark = "tried, helped" if outcome.helped else "tried, did not help"
+        banner = (
+            f"<div class='gpudiag-trial' style='border-left:3px solid {colour};padding-left:6px;"
+            f"margin-top:2px'><b style='color:{colour}'>{esc(mark)}</b>: "
+            f"{esc(outcome.text)}</div>"
+        )
+        return str(finding.html()) + banner
 
     def _row(self, index: int, finding: Any) -> widgets.Widget:
-        card = widgets.HTML(finding.html(), layout=widgets.Layout(flex="1 1 60%"))
+        card = widgets.HTML(finding.html(), layout=_FULL)
+        self.cards[index] = card
         if finding.fix is None:
             return card
         button = widgets.Button(description=f"Try {finding.fix}", icon="play")
         button.layout.width = "auto"
-        out = widgets.Output(layout=widgets.Layout(flex="1 1 40%", overflow="auto"))
+        out = widgets.Output(layout=_FULL)
         blocker = finding.fix.to_fix().live_blocker()
         if self.diagnosis.workload is None:
             button.disabled = True
@@ -58,19 +130,23 @@ class DiagnosisView(widgets.VBox):
         button.on_click(lambda _b, i=index: self.try_finding(i))
         self.buttons.append(button)
         self.outputs.append(out)
-        side = widgets.VBox([button, out], layout=widgets.Layout(flex="1 1 40%"))
-        return widgets.HBox([card, side])
+        return widgets.VBox([card, button, out], layout=_FULL)
 
     def try_finding(self, index: int) -> Any:
-        """Run the finding's fix (what the button does); the comparison is shown and returned."""
+        """Run the finding's fix (what the button does); the comparison is shown below the
+        finding and returned, and the finding's card says what was measured."""
         finding = self.diagnosis.findings[index]
         slot = [i for i, f in enumerate(self.diagnosis.findings) if f.fix is not None].index(index)
         button, out = self.buttons[slot], self.outputs[slot]
         button.disabled = True
         button.description = f"running {finding.fix} ..."
         out.clear_output()
+        fix = finding.fix.to_fix()
+        options = dict(self.compare_options)
+        # A button callback has no cell of its own: the bar is drawn in the finding's output.
+        options.setdefault("progress", ProgressBar(f"Try {finding.fix}", output=out))
         try:
-            result = self.diagnosis.try_fix(finding.fix.to_fix(), **self.compare_options)
+            result = self.diagnosis.try_fix(fix, **options)
         except GpuDiagError as exc:
             with out:
                 print(f"gpudiag: {exc}")
@@ -80,8 +156,15 @@ class DiagnosisView(widgets.VBox):
             button.description = f"Try {finding.fix} again"
         if result is not None:
             self.results[index] = result
+            if hasattr(result, "arm"):
+                self.outcomes[index] = trial_outcome(result, fix)
+                button.button_style = "" if self.outcomes[index].helped else "warning"
+                self.cards[index].value = self._card_html(index)
+            from gpudiag.ui.figures import comparison_view
+
+            self.shown[index] = comparison_view(result) if hasattr(result, "arm") else result
             with out:
                 from IPython.display import display
 
-                display(result)
+                display(self.shown[index])
         return result

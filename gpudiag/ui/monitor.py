@@ -97,7 +97,8 @@ def _default_metrics(m: Monitor) -> list[str]:
 
 
 class MonitorChart(anywidget.AnyWidget):
-    """Strip charts for N devices x M metrics, drawn on canvases in the browser.
+    """Strip charts for N devices x M metrics, drawn on canvases in the browser, each with a
+    value scale (0 to the tile's top, in its unit) and a time axis in seconds before now.
 
     Rows travel as binary columns (float64 times, float32 values) in custom messages that
     carry only rows the browser has not had; the browser redraws at most once per animation

@@ -254,18 +254,19 @@ def test_host_mode_without_a_gpu_is_alive(lab: dict[str, Any], browser: Any) -> 
 
 DIAGNOSIS_CELL = """\
 import torch
+from gpudiag.magics.doctor import doctor_view
 from gpudiag.rules import diagnose
-from gpudiag.ui.diagnosis import DiagnosisView
 from gpudiag.workloads import mlp
 torch.set_num_threads(1)
 d = diagnose(mlp.build(batch_size=2, in_features=32, hidden=64), steps=1, env={})
-DiagnosisView(d, time_budget_s=6.0, max_rounds=10)
+doctor_view(d, time_budget_s=6.0, max_rounds=10)
 """
 
 
 def test_diagnosis_try_it_button_runs_a_comparison(lab: dict[str, Any], browser: Any) -> None:
     """The Try-it loop in a real browser: a tiny-batch workload is diagnosed, the batch.size
-    button is clicked, and the comparison appears beside the finding."""
+    button is clicked, and the comparison (figure and table) appears below the finding, whose
+    card then says what was measured."""
     import re
 
     page = run_notebook(lab, browser, "diagnosis.ipynb", DIAGNOSIS_CELL)
@@ -281,6 +282,44 @@ def test_diagnosis_try_it_button_runs_a_comparison(lab: dict[str, Any], browser:
     text = page.locator(".widget-output", has_text="samples/s").first.inner_text()
     assert re.search(r"faster|slower|no significant difference", text), text
     assert re.search(r"Try batch\.size.* again", button.inner_text())
+    page.wait_for_selector(".gpudiag-trial", timeout=30_000)
+    assert re.search(r"tried, (helped|did not help)", page.locator(".gpudiag-trial").inner_text())
+    assert page.locator(".widget-output .js-plotly-plot").count() >= 1  # the comparison figure
+    # Full width: the comparison sits below the finding, no horizontal scrollbar.
+    output = page.locator(".widget-output", has_text="samples/s").first
+    assert output.evaluate("o => o.scrollWidth <= o.clientWidth + 1")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "diagnosis-try-it.png"), full_page=True)
+    page.close()
+
+
+DOCTOR_CELL = '''\
+import torch
+get_ipython().run_line_magic("load_ext", "gpudiag")
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+STEP = """
+opt.zero_grad()
+loss = torch.nn.functional.cross_entropy(model(x), y)
+loss.backward()
+opt.step()
+"""
+get_ipython().run_cell_magic("gpudiag", "doctor --steps 2", STEP)
+'''
+
+
+def test_doctor_cell_magic_on_a_model_of_your_own(lab: dict[str, Any], browser: Any) -> None:
+    """%%gpudiag doctor on the notebook's own model: the note, where the step's time goes as a
+    bar, then the findings, full width."""
+    page = run_notebook(lab, browser, "doctor.ipynb", DOCTOR_CELL)
+    page.wait_for_selector(".gpudiag-note", timeout=180_000)
+    assert "the cell as your training step" in page.locator(".gpudiag-note").inner_text()
+    page.wait_for_selector(".js-plotly-plot", timeout=60_000)
+    assert "where the step" in page.locator(".js-plotly-plot").first.inner_text()
+    page.wait_for_timeout(1000)  # let plotly finish its layout before the screenshot
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "doctor-cell-magic.png"), full_page=True)
     page.close()

@@ -51,4 +51,5 @@ def test_probe_host_on_this_machine() -> None:
     if not host.torch.cuda_build.ok:
         assert host.torch.build == "CPU"
         assert "CPU-only" in host.torch.cuda_build.reason
-    assert host.cpu_bf16_fast == ("avx512_bf16" in host.cpu_flags or host.has_amx)
+    assert host.cpu_bf16_instructions == ("avx512_bf16" in host.cpu_flags or host.has_amx)
+    assert host.cpu_bf16_fast == host.cpu_bf16_instructions  # the old name: flags only

@@ -215,10 +215,16 @@ def test_cli_diagnose_recorded_machine_with_its_topology(
     assert "topo.p2p_unsupported" in found
 
 
-def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(bf16_cpu: Any) -> None:
+def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(
+    bf16_cpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import torch
 
+    from gpudiag.bench import cpu_bf16
     from gpudiag.workloads import mlp
+
+    # bf16 measured faster (injected): the advice then depends on the trace alone.
+    monkeypatch.setattr(cpu_bf16, "_MEASURED", cpu_bf16.Bf16Speed(2.0, 3.0, 1.5, threads=1))
 
     fp32 = mlp.build(batch_size=32, in_features=32, hidden=64)
     found = diagnose(fp32, system=bf16_cpu, steps=1, env={}, scaling=False)

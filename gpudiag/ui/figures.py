@@ -1,0 +1,57 @@
+"""Results shown with their figures in a notebook: a Comparison as plot + table, figure widgets.
+
+The domain objects (``Comparison``, ``Diagnosis``) know nothing of plots; this module composes
+a result with the figure the plots layer draws for it, and registers that composition with
+IPython so that a ``Comparison`` shown in a notebook carries its figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COMPARISON = ("gpudiag.experiment.compare", "Comparison")
+
+
+def figure_widget(figure: Any) -> Any:
+    """A plotly figure as a widget (it draws in JupyterLab and in the classic notebook)."""
+    import plotly.graph_objects as go
+
+    return go.FigureWidget(figure)
+
+
+def comparison_view(comparison: Any) -> Any:
+    """The comparison figure (step-time distributions, speedup with its interval, peak memory)
+    above the comparison's table."""
+    import ipywidgets as widgets
+
+    from gpudiag.plots.compare import comparison_figure
+
+    return widgets.VBox(
+        [
+            figure_widget(comparison_figure(comparison)),
+            widgets.HTML(comparison._repr_html_(), layout=widgets.Layout(width="100%")),
+        ],
+        layout=widgets.Layout(width="100%"),
+    )
+
+
+def _comparison_bundle(comparison: Any) -> dict[str, Any]:
+    bundle: dict[str, Any] = comparison_view(comparison)._repr_mimebundle_() or {}
+    # Front ends without widgets (nbconvert, a static page) fall back to the table.
+    bundle["text/html"] = comparison._repr_html_()
+    bundle["text/plain"] = repr(comparison)
+    return bundle
+
+
+def register_displays(ipython: Any) -> None:
+    """Show a ``Comparison`` with its figure in this IPython shell (idempotent; by type name,
+    so nothing is imported until a comparison is displayed)."""
+    formatter = getattr(getattr(ipython, "display_formatter", None), "mimebundle_formatter", None)
+    if formatter is not None:
+        formatter.for_type_by_name(*_COMPARISON, _comparison_bundle)
+
+
+def unregister_displays(ipython: Any) -> None:
+    formatter = getattr(getattr(ipython, "display_formatter", None), "mimebundle_formatter", None)
+    if formatter is not None:
+        formatter.pop(".".join(_COMPARISON), None)
