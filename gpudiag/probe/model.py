@@ -77,6 +77,9 @@ class GpuInfo:
     max_sm_clock_mhz: Reading[int] = field(default_factory=_na)
     max_memory_clock_mhz: Reading[int] = field(default_factory=_na)
     power_limit_w: Reading[float] = field(default_factory=_na)
+    # The board's default limit (`nvidia-smi --query-gpu=power.default_limit`): an enforced
+    # limit below it was lowered by an admin, a tool, or a shared budget (GH200 module).
+    default_power_limit_w: Reading[float] = field(default_factory=_na)
     persistence_mode: Reading[bool] = field(default_factory=_na)
     ecc_enabled: Reading[bool] = field(default_factory=_na)
     mig_enabled: Reading[bool] = field(default_factory=_na)

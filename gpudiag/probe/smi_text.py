@@ -209,6 +209,9 @@ def _query_info(gpu: _Section, bus_id: str, index: int) -> GpuInfo:
             "Power Readings/Current Power Limit",
             "Power Readings/Power Limit",
         ),
+        default_power_limit_w=gpu.num(
+            "GPU Power Readings/Default Power Limit", "Power Readings/Default Power Limit"
+        ),
         persistence_mode=gpu.flag("Persistence Mode"),
         ecc_enabled=gpu.flag("ECC Mode/Current"),
         mig_enabled=gpu.flag("MIG Mode/Current"),
@@ -458,6 +461,7 @@ def parse_smi_table(text: str, *, timestamp: float = 0.0) -> SmiRecording:
             max_sm_clock_mhz=missing,
             max_memory_clock_mhz=missing,
             power_limit_w=_cell(row2["cap"]),
+            default_power_limit_w=missing,
             persistence_mode=ok(row1["persistence"] == "On", SOURCE_TABLE),
             ecc_enabled=missing,  # the ECC column counts errors; "N/A" there may mean ECC off
             mig_enabled=mig,

@@ -133,6 +133,9 @@ def _info(gpu: _Gpu, index: int) -> GpuInfo:
             "power_readings/current_power_limit",
             "power_readings/power_limit",
         ),
+        default_power_limit_w=gpu.num(
+            "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
+        ),
         persistence_mode=gpu.flag("persistence_mode"),
         ecc_enabled=gpu.flag("ecc_mode/current_ecc"),
         mig_enabled=mig_enabled,

@@ -70,7 +70,14 @@ def test_report_matches_xml(path: Path) -> None:
 def test_nvml_and_replay_paths_agree(path: Path) -> None:
     live, replay = _reports(path)
     for a, b in zip(live.gpus, replay.gpus, strict=False):
-        for field in ("name", "uuid", "pci_bus_id", "memory_total_bytes", "power_limit_w"):
+        for field in (
+            "name",
+            "uuid",
+            "pci_bus_id",
+            "memory_total_bytes",
+            "power_limit_w",
+            "default_power_limit_w",
+        ):
             assert getattr(a.info, field).get() == getattr(b.info, field).get(), field
         for field in ("gpu_util_pct", "memory_used_bytes", "power_w", "clock_event_reasons"):
             assert getattr(a.state, field).get() == getattr(b.state, field).get(), field

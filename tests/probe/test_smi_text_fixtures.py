@@ -96,6 +96,8 @@ def test_query_report_matches_text(path: Path) -> None:
         assert state.memory_clock_mhz.value == _number(_field(lines, "Memory", "Clocks"))
         power = "GPU Power Readings"
         assert info.power_limit_w.value == _number(_field(lines, "Current Power Limit", power))
+        default = _number(_field(lines, "Default Power Limit", power))
+        assert info.default_power_limit_w.value == default
         assert state.power_w.value == _number(_field(lines, "Power Draw", power))
         assert state.temperature_c.value == _number(_field(lines, "GPU Current Temp"))
         assert state.gpu_util_pct.value == _number(_field(lines, "Gpu", "Utilization"))
@@ -256,11 +258,21 @@ def test_hopper_pcie_is_gen5_x16_except_the_c2c_attached_gh200(path: Path) -> No
 
 
 @pytest.mark.parametrize("path", QUERY_FILES + TABLE_FILES, ids=lambda p: p.name)
-def test_healthy_recorded_hopper_machines_get_no_hardware_findings(path: Path) -> None:
+def test_recorded_hopper_machines_get_only_the_real_hardware_finding(path: Path) -> None:
     # Idle (or, for dstack, loaded) healthy machines: ECC on, persistence on, links at their
-    # maximum, no throttling. A GH200's x1 gen 4 PCIe link is its maximum, not a fault.
+    # maximum, no throttling. A GH200's x1 gen 4 PCIe link is its maximum, not a fault; its
+    # power limit is a real finding: 700 W enforced of a 900 W default (requested 900 W: the
+    # module's shared CPU+GPU budget). The plain table has no default limit to compare with.
     diagnosis = gd.diagnose(system=gd.inspect(replay=path))
-    assert [f.id for f in diagnosis.findings if f.category in ("hardware", "memory")] == []
+    found = [(f.id, f.severity.value) for f in diagnosis.findings if f.category == "hardware"]
+    if path.name == "gh200.nvidia-smi-q.txt":
+        assert found == [("hw.power_limit_lowered", "low")]
+        finding = diagnosis.findings[0]
+        assert "700 W, 22% below its default 900 W" in finding.message
+        assert [e.value for e in finding.evidence[:2]] == [700.0, 900.0]
+    else:
+        assert found == []
+    assert [f.id for f in diagnosis.findings if f.category == "memory"] == []
 
 
 def test_recorded_topology_of_the_same_dstack_machine() -> None:

@@ -274,3 +274,45 @@ def test_monitor_series_denied_permission_are_low(fixtures_dir: Path) -> None:
     # The DataFrame alone carries no N/A reasons: the rule says it could not tell.
     frame = _counters(recorded, {}, monitor.samples())
     assert set(frame) == {"hw.profiling_counters"}  # type: ignore[arg-type]
+
+
+def test_power_limit_lowered_on_real_recordings(fixtures_dir: Path) -> None:
+    # rtx-3090-v12.xml (its "power-limit fields", SOURCES.md): enforced 200 W of a 350 W
+    # default; idle, so LOW.
+    diagnosis = run_rules(EvidenceBundle(system=_report(fixtures_dir, "rtx-3090-v12.xml"), env={}))
+    [finding] = [f for f in diagnosis.findings if f.id == "hw.power_limit_lowered"]
+    assert finding.severity is Severity.LOW
+    assert "200 W, 43% below its default 350 W" in finding.message
+    assert "nvidia-smi -i 0 -pl 350" in finding.instruction
+    # rtx-3080-v12.xml runs 336 W of a 320 W default: raised, not lowered.
+    assert "hw.power_limit_lowered" not in dict(
+        _diagnose(_report(fixtures_dir, "rtx-3080-v12.xml"))
+    )
+
+
+def test_power_limit_lowered_is_medium_when_busy_at_the_cap(fixtures_dir: Path) -> None:
+    system = _edit_gpu(
+        _report(fixtures_dir, "rtx-3090-v12.xml"),
+        state={"gpu_util_pct": ok(98.0), "clock_event_reasons": ok(("sw_power_cap",))},
+    )
+    assert ("hw.power_limit_lowered", "medium") in _diagnose(system)
+    busy_uncapped = _edit_gpu(
+        _report(fixtures_dir, "rtx-3090-v12.xml"), state={"gpu_util_pct": ok(98.0)}
+    )
+    assert ("hw.power_limit_lowered", "low") in _diagnose(busy_uncapped)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((FIXTURES / "nvidia-smi-xml").glob("*.xml")), ids=lambda p: p.stem
+)
+def test_power_limit_rule_only_where_the_recording_shows_a_lowered_limit(path: Path) -> None:
+    system = inspect(replay=path)
+    found = "hw.power_limit_lowered" in dict(_diagnose(system))
+    lowered = any(
+        g.info.power_limit_w.ok
+        and g.info.default_power_limit_w.ok
+        and g.info.power_limit_w.value < 0.95 * g.info.default_power_limit_w.value
+        for g in system.gpus
+    )
+    assert found is lowered
+    assert found is (path.name == "rtx-3090-v12.xml")
