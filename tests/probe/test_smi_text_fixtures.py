@@ -5,6 +5,7 @@ text, read here with a separate line-by-line reader (not the parser's tree)."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,28 @@ def test_snapshot_of_a_text_replay_round_trips(tmp_path: Path) -> None:
     again = type(report).from_dict(report.to_dict())
     assert [g.info.uuid.value for g in again.gpus] == [g.info.uuid.value for g in report.gpus]
     assert again.gpus[1].state.power_w.value == report.gpus[1].state.power_w.value
+
+
+def test_cli_and_monitor_replay_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from gpudiag.cli import main
+
+    path = TEXT / "h100-sxm-x8.nvidia-smi-q.txt"
+    assert main(["inspect", "--replay", str(path), "--json"]) == 0
+    snapshot = json.loads(capsys.readouterr().out)
+    assert [g["info"]["name"]["value"] for g in snapshot["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
+    monitor = gd.monitor(replay=path, display=False, interval=0.05)
+    try:
+        for _ in range(50):
+            if monitor.summary().ticks >= 2:
+                break
+            time.sleep(0.05)
+    finally:
+        monitor.stop()
+    summary = monitor.summary()
+    assert summary.is_recording
+    last_gpu = _blocks(path.read_text())[-1]
+    power = _number(_field(last_gpu, "Power Draw", "GPU Power Readings"))
+    assert summary.row("gpu7", "power_w").last == pytest.approx(power)
+    assert summary.row("gpu0", "sm_clock_mhz").last == 345
