@@ -246,6 +246,32 @@ def test_spec_bandwidth_matches_the_recorded_memory_clock(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", QUERY_FILES, ids=_machine)
+def test_spec_fp32_peak_matches_the_recorded_max_sm_clock(path: Path) -> None:
+    from gpudiag.specs import cc_limits
+
+    for gpu in gd.inspect(replay=path).gpus:
+        spec = lookup_gpu(gpu.info.name.value)
+        lanes = cc_limits(spec.compute_capability).fp32_lanes_per_sm
+        # SMs x FP32 lanes x 2 (FMA) x max SM clock: 132 x 128 x 2 x 1980 MHz = 66.9 TFLOP/s
+        # (H100 SXM, H200, GH200: "67"); 1785 MHz on the H100 NVL = 60.3 ("60").
+        from_clock = spec.sm_count * lanes * 2 * gpu.info.max_sm_clock_mhz.value / 1e6
+        assert from_clock == pytest.approx(spec.peak_tflops["fp32"], rel=0.02)
+
+
+def test_spec_nvlink_bandwidth_matches_the_recorded_nv18_mesh() -> None:
+    # dstack's 8x H100 SXM5 `topo -m`: every pair NV18, i.e. 18 NVLink-4 links per GPU at
+    # 50 GB/s each (25 GB/s per direction) = the spec table's 900 GB/s.
+    system = gd.inspect(
+        replay=TEXT / "h100-sxm-x8-dstack-after-loading.nvidia-smi.txt",
+        topology=FIXTURES / "topo-matrix" / "dstack-8xh100-sxm5-topo-m.txt",
+    )
+    links = {system.topology.link(i, j).nvlinks for i, j in system.topology.pairs()}
+    assert links == {18}
+    spec = lookup_gpu(system.gpus[0].info.name.value)
+    assert spec.nvlink_bandwidth_gbps == 18 * 50
+
+
+@pytest.mark.parametrize("path", QUERY_FILES, ids=_machine)
 def test_hopper_pcie_is_gen5_x16_except_the_c2c_attached_gh200(path: Path) -> None:
     for gpu in gd.inspect(replay=path).gpus:
         spec = lookup_gpu(gpu.info.name.value)
