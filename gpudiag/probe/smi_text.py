@@ -333,6 +333,9 @@ def _query_state(gpu: _Section, info: GpuInfo, timestamp: float) -> GpuState:
         nvlink_tx_bytes=no_nvlink,
         ecc_uncorrected_volatile=_ecc_uncorrected(gpu),
         retired_pages=_retired_pages(gpu),
+        remapped_rows_uncorrectable=gpu.num("Remapped Rows/Uncorrectable Error", as_int=True),
+        row_remap_pending=gpu.flag("Remapped Rows/Pending", true="yes"),
+        row_remap_failed=gpu.flag("Remapped Rows/Remapping Failure Occurred", true="yes"),
         processes=_query_processes(gpu),
     )
 
@@ -492,6 +495,9 @@ def parse_smi_table(text: str, *, timestamp: float = 0.0) -> SmiRecording:
                 nvlink_tx_bytes=missing,
                 ecc_uncorrected_volatile=_cell(row1["ecc"], as_int=True),
                 retired_pages=missing,
+                remapped_rows_uncorrectable=missing,
+                row_remap_pending=missing,
+                row_remap_failed=missing,
                 processes=ok(tuple(procs), SOURCE_TABLE) if has_process_table else missing,
             )
         )

@@ -200,6 +200,20 @@ def _retired_pages(gpu: _Gpu) -> Reading[int]:
     return ok(total, SOURCE)
 
 
+def _row_remapping(gpu: _Gpu) -> dict[str, Reading[Any]]:
+    node = gpu.el.find("remapped_rows")
+    if node is not None and not list(node):  # <remapped_rows>N/A</remapped_rows>: no remapper
+        printed = na(Status.NOT_SUPPORTED, "N/A in the recording (nvidia-smi printed N/A)", SOURCE)
+        return dict.fromkeys(
+            ("remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failed"), printed
+        )
+    return {
+        "remapped_rows_uncorrectable": gpu.num("remapped_rows/remapped_row_unc", as_int=True),
+        "row_remap_pending": gpu.flag("remapped_rows/remapped_row_pending", true="yes"),
+        "row_remap_failed": gpu.flag("remapped_rows/remapped_row_failure", true="yes"),
+    }
+
+
 _PROCESS_KINDS = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
 
 
@@ -254,6 +268,7 @@ def _state(gpu: _Gpu, info: GpuInfo, timestamp: float) -> GpuState:
         nvlink_tx_bytes=na(Status.NOT_AVAILABLE, "nvidia-smi -q has no NVLink counters", SOURCE),
         ecc_uncorrected_volatile=_ecc_uncorrected(gpu),
         retired_pages=_retired_pages(gpu),
+        **_row_remapping(gpu),
         processes=_processes(gpu),
     )
 

@@ -340,6 +340,72 @@ def ecc_errors(evidence: EvidenceBundle) -> Iterator[Finding]:
             )
 
 
+_ROW_REMAP_DOC = "NVIDIA's GPU memory error management guide (row remapping, A100 and newer)"
+
+
+@rule("hw.row_remapping", category=CATEGORY, needs=("gpu",))
+def row_remapping(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Memory rows remapped after uncorrectable errors, a remap waiting for a reset, or a
+    remap that failed. A100, Hopper and newer repair rows instead of retiring pages, so on
+    them this is the memory-health signal (their retired-page counters read N/A)."""
+    for gpu in _gpus(evidence):
+        state = gpu.state
+        items = (
+            Evidence(
+                "remapped_rows.uncorrectable",
+                state.remapped_rows_uncorrectable.get(),
+                source=source_of(state.remapped_rows_uncorrectable),
+            ),
+            Evidence(
+                "remapped_rows.pending",
+                state.row_remap_pending.get(),
+                source=source_of(state.row_remap_pending),
+            ),
+            Evidence(
+                "remapped_rows.failure",
+                state.row_remap_failed.get(),
+                source=source_of(state.row_remap_failed),
+            ),
+        )
+        if state.row_remap_failed.get() is True:
+            yield Finding(
+                "hw.row_remap_failed",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)} could not remap a failing memory row: it has memory it "
+                "cannot repair",
+                items,
+                threshold="remapping failure occurred",
+                instruction=f"drain the GPU and have the board serviced ({_ROW_REMAP_DOC}); "
+                "`nvidia-smi -q -d ROW_REMAPPER` shows the state",
+            )
+        elif state.row_remap_pending.get() is True:
+            yield Finding(
+                "hw.row_remap_pending",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} has a memory row remap waiting for a GPU reset: the repair "
+                "is not in effect yet",
+                items,
+                threshold="a row remap is pending",
+                instruction="when the GPU is idle, reset it (`sudo nvidia-smi -r -i "
+                f"{gpu.info.index}`) or reboot; then `nvidia-smi -q -d ROW_REMAPPER` shows "
+                "Pending: No",
+            )
+        elif rows := state.remapped_rows_uncorrectable.get(0):
+            yield Finding(
+                "hw.rows_remapped",
+                Severity.LOW,
+                CATEGORY,
+                f"{gpu_label(gpu)} has {rows} memory row{'s' if rows != 1 else ''} remapped "
+                "after uncorrectable errors (repaired)",
+                items,
+                threshold="rows remapped for uncorrectable errors > 0",
+                instruction="repaired rows are normal in small numbers; a count that keeps "
+                "growing means the board should be serviced (`nvidia-smi -q -d ROW_REMAPPER`)",
+            )
+
+
 @rule("hw.mig", category=CATEGORY, needs=("gpu",))
 def mig_enabled(evidence: EvidenceBundle) -> Iterator[Finding]:
     """MIG mode on: each process sees a slice of the GPU, and NVML has no utilization."""

@@ -551,6 +551,18 @@ class FakeNvml(types.ModuleType):
         ]
         return sum(int(_num(volatile, p)) for p in paths)
 
+    def _nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
+        # pynvml returns (correctable rows, uncorrectable rows, is pending, failure occurred).
+        def flag(tag: str) -> int:
+            return int(_text(h.el, f"remapped_rows/{tag}").lower() == "yes")
+
+        return (
+            int(_num(h.el, "remapped_rows/remapped_row_corr")),
+            int(_num(h.el, "remapped_rows/remapped_row_unc")),
+            flag("remapped_row_pending"),
+            flag("remapped_row_failure"),
+        )
+
     def _nvmlDeviceGetRetiredPages(self, h: _Handle, cause: int) -> list[int]:
         tag = "multiple_single_bit_retirement" if cause == 0 else "double_bit_retirement"
         return [0x1000 * i for i in range(int(_num(h.el, f"retired_pages/{tag}/retired_count")))]

@@ -79,7 +79,15 @@ def test_nvml_and_replay_paths_agree(path: Path) -> None:
             "default_power_limit_w",
         ):
             assert getattr(a.info, field).get() == getattr(b.info, field).get(), field
-        for field in ("gpu_util_pct", "memory_used_bytes", "power_w", "clock_event_reasons"):
+        for field in (
+            "gpu_util_pct",
+            "memory_used_bytes",
+            "power_w",
+            "clock_event_reasons",
+            "remapped_rows_uncorrectable",
+            "row_remap_pending",
+            "row_remap_failed",
+        ):
             assert getattr(a.state, field).get() == getattr(b.state, field).get(), field
 
 

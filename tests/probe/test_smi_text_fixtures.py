@@ -127,6 +127,13 @@ def test_query_report_matches_text(path: Path) -> None:
         # Hopper remaps rows; its retired-page counters print N/A, and the reason says why.
         assert _field(lines, "Single Bit ECC", "Retired Pages") == "N/A"
         assert state.retired_pages.status is Status.NOT_SUPPORTED
+        remap = "Remapped Rows"
+        assert state.remapped_rows_uncorrectable.value == _number(
+            _field(lines, "Uncorrectable Error", remap)
+        )
+        assert state.row_remap_pending.value == (_field(lines, "Pending", remap) == "Yes")
+        failure = _field(lines, "Remapping Failure Occurred", remap)
+        assert state.row_remap_failed.value == (failure == "Yes")
         assert "remaps rows" in state.retired_pages.reason
         # Not in -q text at all: N/A with a reason, never a value.
         assert not info.nvlinks
@@ -289,16 +296,20 @@ def test_recorded_hopper_machines_get_only_the_real_hardware_finding(path: Path)
     # Idle (or, for dstack, loaded) healthy machines: ECC on, persistence on, links at their
     # maximum, no throttling. A GH200's x1 gen 4 PCIe link is its maximum, not a fault; its
     # power limit is a real finding: 700 W enforced of a 900 W default (requested 900 W: the
-    # module's shared CPU+GPU budget). The plain table has no default limit to compare with.
+    # module's shared CPU+GPU budget), and it has one DRAM row remapped after an uncorrectable
+    # error (aggregate DRAM Uncorrectable 1, Remapped Rows 1, not pending). The plain table has
+    # neither the default limit nor the remapper.
     diagnosis = gd.diagnose(system=gd.inspect(replay=path))
-    found = [(f.id, f.severity.value) for f in diagnosis.findings if f.category == "hardware"]
+    found = {(f.id, f.severity.value) for f in diagnosis.findings if f.category == "hardware"}
     if path.name == "gh200.nvidia-smi-q.txt":
-        assert found == [("hw.power_limit_lowered", "low")]
-        finding = diagnosis.findings[0]
-        assert "700 W, 22% below its default 900 W" in finding.message
-        assert [e.value for e in finding.evidence[:2]] == [700.0, 900.0]
+        assert found == {("hw.power_limit_lowered", "low"), ("hw.rows_remapped", "low")}
+        by_id = {f.id: f for f in diagnosis.findings}
+        power = by_id["hw.power_limit_lowered"]
+        assert "700 W, 22% below its default 900 W" in power.message
+        assert [e.value for e in power.evidence[:2]] == [700.0, 900.0]
+        assert "1 memory row remapped" in by_id["hw.rows_remapped"].message
     else:
-        assert found == []
+        assert found == set()
     assert [f.id for f in diagnosis.findings if f.category == "memory"] == []
 
 
