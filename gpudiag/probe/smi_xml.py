@@ -180,7 +180,9 @@ def _ecc_uncorrected(gpu: _Gpu) -> Reading[int]:
     volatile = gpu.el.find("ecc_errors/volatile")
     if volatile is None:
         return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE)
-    paths = [c.tag for c in volatile if c.tag.endswith("_uncorrectable")] or ["double_bit/total"]
+    # DTD v13 splits SRAM into sram_uncorrectable_parity / _secded: every one counts, as in
+    # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE).
+    paths = [c.tag for c in volatile if "_uncorrectable" in c.tag] or ["double_bit/total"]
     total = 0
     for path in paths:
         reading = gpu.num(f"ecc_errors/volatile/{path}", as_int=True)

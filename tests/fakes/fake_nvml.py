@@ -546,9 +546,7 @@ class FakeNvml(types.ModuleType):
         volatile = h.el.find("ecc_errors/volatile")
         if volatile is None:
             raise _err(real.NVML_ERROR_NOT_SUPPORTED)
-        paths = [c.tag for c in volatile if c.tag.endswith("_uncorrectable")] or [
-            "double_bit/total"
-        ]
+        paths = [c.tag for c in volatile if "_uncorrectable" in c.tag] or ["double_bit/total"]
         return sum(int(_num(volatile, p)) for p in paths)
 
     def _nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:

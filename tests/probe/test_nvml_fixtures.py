@@ -150,3 +150,23 @@ def test_loaded_gpu_values() -> None:
         assert state.gpu_util_pct.value == 65
         assert state.performance_state.value == "P2"
         assert state.power_w.value == pytest.approx(142.33)
+
+
+def test_v13_sram_parity_and_secded_count_as_uncorrected(tmp_path: Path) -> None:
+    # DTD v13 (the Blackwell dump) splits SRAM uncorrectable errors in two tags; NVML's total
+    # of uncorrected volatile errors counts them all. The dump prints N/A: fill in counts.
+    text = (FIXTURES / "nvidia-smi-xml" / "pro-6000-maxq-blackwell-v13.xml").read_text()
+    volatile = text.index("<volatile>")
+    head, tail = text[:volatile], text[volatile:]
+    for tag, count in (
+        ("sram_correctable", 5),
+        ("sram_uncorrectable_parity", 2),
+        ("sram_uncorrectable_secded", 1),
+        ("dram_correctable", 7),
+        ("dram_uncorrectable", 1),
+    ):
+        tail = tail.replace(f"<{tag}>N/A</{tag}>", f"<{tag}>{count}</{tag}>", 1)
+    path = tmp_path / "blackwell-sram-errors.xml"
+    path.write_text(head + tail)
+    for report in _reports(path):
+        assert report.gpus[0].state.ecc_uncorrected_volatile.value == 4
