@@ -64,6 +64,11 @@ def test_nvml_matches_nvidia_smi_xml(figure: Callable[[str], None]) -> None:
         total = live.memory_total_bytes.value - smi.memory_total_bytes.value
         assert 0 <= total < MIB
         assert live.power_limit_w.value == pytest.approx(smi.power_limit_w.value, abs=0.5)
+        if smi.default_power_limit_w.ok:
+            default = smi.default_power_limit_w.value
+            assert live.default_power_limit_w.value == pytest.approx(default, abs=0.5)
+        for name in ("remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failed"):
+            assert getattr(state, name).get() == getattr(smi_state, name).get(), name
         assert live.pcie.gen_max.value == smi.pcie.gen_max.value
         assert live.pcie.width_max.value == smi.pcie.width_max.value
         used = abs(state.memory_used_bytes.value - smi_state.memory_used_bytes.value) / MIB
