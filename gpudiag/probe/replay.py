@@ -12,7 +12,7 @@ from typing import Any
 from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState, HostInfo, record_from_dict
 from gpudiag.probe.readings import Reading, ok
-from gpudiag.probe.smi_text import looks_like_smi_text, parse_smi_text
+from gpudiag.probe.smi_text import TABLE_HOLDS, looks_like_smi_text, parse_smi_text
 from gpudiag.probe.smi_xml import parse_smi_xml
 from gpudiag.probe.topology import SOURCE_RECORDING, Topology
 
@@ -69,9 +69,11 @@ class ReplayBackend:
             except json.JSONDecodeError as exc:
                 raise ReplayError(f"{p.name} is not valid JSON: {exc}") from None
             return cls.from_snapshot(snapshot, label=p.name)
-        if looks_like_smi_text(data) is not None:
+        kind = looks_like_smi_text(data)
+        if kind is not None:
             rec = parse_smi_text(data)
-            return cls(rec.driver, rec.infos, rec.states, label=p.name, recorded_at=rec.timestamp)
+            label = p.name if kind == "query" else f"{p.name} ({TABLE_HOLDS})"
+            return cls(rec.driver, rec.infos, rec.states, label=label, recorded_at=rec.timestamp)
         raise ReplayError(
             f"{p.name} is neither nvidia-smi output (`nvidia-smi -q -x`, `nvidia-smi -q` or "
             "`nvidia-smi`) nor a gpudiag JSON snapshot"

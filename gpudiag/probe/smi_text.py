@@ -42,6 +42,10 @@ _NA_TEXTS = {"n/a", "[n/a]", "[not supported]", "not supported", "unknown error"
 _QUERY_BANNER = "NVSMI LOG"
 _TABLE_BANNER = re.compile(r"^\|\s*NVIDIA-SMI\s+\S+", re.MULTILINE)
 _PRINTED_NA = "N/A in the recording (nvidia-smi printed N/A)"
+TABLE_HOLDS = (
+    "plain `nvidia-smi` table: name, bus id, memory, power, temperature, utilization and "
+    "processes only; `nvidia-smi -q` has clocks, PCIe, ECC and UUIDs"
+)
 _TABLE_ONLY = "not shown by the plain `nvidia-smi` table; record `nvidia-smi -q` for it"
 
 # "Clocks Event Reasons" (driver 535+) / "Clocks Throttle Reasons" labels -> NVML reason names.

@@ -175,6 +175,7 @@ def test_table_report_matches_text(path: Path) -> None:
     header = re.search(r"Driver Version: (\S+)\s+CUDA Version: (\S+)", text)
     assert report.driver.driver_version.value == header.group(1)
     assert report.driver.cuda_driver_version.value == header.group(2)
+    assert "plain `nvidia-smi` table" in report.header()
     rows = _table_rows(text)
     assert len(report.gpus) == len(rows) >= 1
     for gpu, (first, second) in zip(report.gpus, rows, strict=True):
