@@ -107,6 +107,8 @@ def test_query_report_matches_text(path: Path) -> None:
         assert info.persistence_mode.value == (_field(lines, "Persistence Mode") == "Enabled")
         assert info.ecc_enabled.value == (_field(lines, "Current", "ECC Mode") == "Enabled")
         assert info.mig_enabled.value == (_field(lines, "Current", "MIG Mode") == "Enabled")
+        mode = _field(lines, "Virtualization Mode", "GPU Virtualization Mode")
+        assert info.virtualization.value == mode.lower()  # "none" / "pass-through"
         gen = "PCIe Generation"
         assert info.pcie.gen_current.value == _number(_field(lines, "Current", gen))
         assert info.pcie.gen_max.value == _number(_field(lines, "Max", gen))
