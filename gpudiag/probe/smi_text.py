@@ -64,7 +64,7 @@ _PROCESS_KINDS = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
 
 
 def looks_like_smi_text(data: bytes | str) -> str | None:
-    """ "query" for ``nvidia-smi -q`` text, "table" for the plain table, else None."""
+    """Which nvidia-smi text this is: "query" (``nvidia-smi -q``), "table" (plain), or None."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     head = text[:4096]
     if _QUERY_BANNER in head and "Attached GPUs" in text:
