@@ -212,30 +212,35 @@ def test_cuda_event_timing_agrees_with_the_host_clock(figure: Callable[[str], No
 
 
 def test_memory_stats_and_snapshot(tmp_path: Path, figure: Callable[[str], None]) -> None:
-    """Memory statistics and a memory snapshot"""
+    """Memory statistics and a memory snapshot (gpudiag.probe.capture)"""
     import pickle
 
     import torch
 
-    torch.cuda.reset_peak_memory_stats()
+    from gpudiag.probe.capture import cuda_memory_snapshot
+
+    cuda.reset_peak_memory_stats()
     base = cuda.memory_allocated()
-    torch.cuda.memory._record_memory_history(max_entries=10000)
-    try:
-        block = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
-        peak = cuda.max_memory_allocated()
-        path = tmp_path / "snapshot.pickle"
-        torch.cuda.memory._dump_snapshot(str(path))
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    del block
+    held: list[object] = []
+
+    def allocate() -> None:
+        held.append(torch.empty(256 * MIB, dtype=torch.uint8, device="cuda"))
+
+    path = tmp_path / "snapshot.pickle"
+    size = cuda_memory_snapshot(path, allocate)
+    assert size.ok, size.reason
+    peak = cuda.max_memory_allocated()
+    held.clear()
     assert peak is not None
     assert peak - base >= 256 * MIB
     snapshot = pickle.loads(path.read_bytes())
     sizes = [s["total_size"] for s in snapshot["segments"]]
     assert sum(sizes) >= 256 * MIB
+    traced = [e for trace in snapshot["device_traces"] for e in trace if e["action"] == "alloc"]
+    assert any(e["size"] >= 256 * MIB for e in traced)
     free_total = cuda.mem_get_info()
     assert free_total is not None
     figure(
         f"peak +{(peak - base) / MIB:.0f} MiB for a 256 MiB tensor; snapshot "
-        f"{len(sizes)} segments, {path.stat().st_size / 1024:.0f} KiB"
+        f"{len(sizes)} segments, {len(traced)} allocations traced, {size.value / 1024:.0f} KiB"
     )
