@@ -164,3 +164,34 @@ def test_record_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     command = load_manifest(out)["provenance"]["command"]
     assert command == f"gpudiag record {out} --monitor-seconds 0.5 --no-bench --no-traces"
     assert main(["record", str(tmp_path / "x"), "--monitor-seconds", "0"]) == 1
+
+
+def test_record_keeps_nvidia_smi_output_verbatim_and_replays_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in `nvidia-smi` first on PATH plays recorded output for each command (A100 XML,
+    # 8x H100 text and topology): what `gpudiag record` does with a real tool's output.
+    played = {
+        "-q -x": FIXTURES / "nvidia-smi-xml" / "a100-sxm4-v12.xml",
+        "-q": FIXTURES / "nvidia-smi-text" / "h100-sxm-x8.nvidia-smi-q.txt",
+        "": FIXTURES / "nvidia-smi-text" / "h100-sxm-x8.nvidia-smi.txt",
+        "topo -m": FIXTURES / "topo-matrix" / "dgx-h100-8x.txt",
+        "topo -p2p r": FIXTURES / "topo-matrix" / "p2p-h100-8x.txt",
+    }
+    cases = "".join(f'  "{args}") exec cat "{path}";;\n' for args, path in played.items())
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\ncase "$*" in\n{cases}esac\nexit 3\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    out = tmp_path / "rec"
+    manifest = record(out, monitor_s=0.3, bench=False, traces=False, say=lambda _: None)
+    by_command = {f["command"]: f for f in manifest["files"]}
+    for args, source in played.items():
+        entry = by_command[f"nvidia-smi {args}".strip()]
+        assert entry["status"] == OK, entry
+        assert (out / entry["file"]).read_bytes() == source.read_bytes()
+    replayed = replay_recording(out)
+    for name in ("nvidia-smi-q-x.xml", "nvidia-smi-q.txt", "nvidia-smi.txt", "topo-m.txt"):
+        assert name in replayed
+    assert "topo-p2p-r.txt" in replayed
