@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gpudiag-installed
 
-.PHONY: demo test lint typecheck unit venv bench clean
+.PHONY: demo test lint typecheck unit venv bench gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+# Every GPU path for real, one table (CONTRIBUTING.md): `pytest -m gpu` plus an end-to-end
+# `gpudiag record`. Without CUDA every GPU test is "not applicable: needs a CUDA GPU". On a GPU
+# machine whose CUDA torch is installed elsewhere: `make gpu-check GPU_PYTHON=python3`.
+GPU_PYTHON ?= $(PY)
+gpu-check:
+	@if [ "$(GPU_PYTHON)" = "$(PY)" ]; then $(MAKE) --no-print-directory venv; fi
+	$(GPU_PYTHON) -m gpudiag.cli.gpu_check
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

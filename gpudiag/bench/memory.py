@@ -204,6 +204,10 @@ def _theoretical(target: _env.Target, kind: str, system: Any) -> Reading[float]:
         return _env.peak_memory_gbps(target)
     if not target.is_cuda:
         return na(Status.NOT_AVAILABLE, "no CUDA device: no host<->device link", "nvml")
+    spec, _ = _env.gpu_spec(target)
+    c2c = getattr(spec, "c2c_bandwidth_gbps", None)
+    if c2c:  # GH200: host traffic takes NVLink-C2C; its PCIe link (gen 4 x1) is not the path
+        return ok(float(c2c), "NVLink-C2C (spec table), one direction")
     for gpu in getattr(system, "gpus", ()) or ():
         if getattr(gpu.info, "cuda_index", None) == target.index:
             gen, width = gpu.info.pcie.gen_max, gpu.info.pcie.width_max

@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replay",
         metavar="FILE",
-        help="report a recorded machine: `nvidia-smi -q -x` XML or a gpudiag JSON snapshot",
+        help="report a recorded machine: `nvidia-smi -q -x` XML, `nvidia-smi -q` or `nvidia-smi` "
+        "text, or a gpudiag JSON snapshot",
     )
     parser.add_argument(
         "--topology",

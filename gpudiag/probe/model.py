@@ -77,6 +77,9 @@ class GpuInfo:
     max_sm_clock_mhz: Reading[int] = field(default_factory=_na)
     max_memory_clock_mhz: Reading[int] = field(default_factory=_na)
     power_limit_w: Reading[float] = field(default_factory=_na)
+    # The board's default limit (`nvidia-smi --query-gpu=power.default_limit`): an enforced
+    # limit below it was lowered by an admin, a tool, or a shared budget (GH200 module).
+    default_power_limit_w: Reading[float] = field(default_factory=_na)
     persistence_mode: Reading[bool] = field(default_factory=_na)
     ecc_enabled: Reading[bool] = field(default_factory=_na)
     mig_enabled: Reading[bool] = field(default_factory=_na)
@@ -107,6 +110,12 @@ class GpuState:
     nvlink_tx_bytes: Reading[int] = field(default_factory=_na)
     ecc_uncorrected_volatile: Reading[int] = field(default_factory=_na)
     retired_pages: Reading[int] = field(default_factory=_na)
+    # Row remapping (A100 and newer repair bad memory rows instead of retiring pages):
+    # `nvidia-smi -q -d ROW_REMAPPER`. Rows remapped after uncorrectable errors; a remap that
+    # waits for a GPU reset; a remap that failed (the board needs service).
+    remapped_rows_uncorrectable: Reading[int] = field(default_factory=_na)
+    row_remap_pending: Reading[bool] = field(default_factory=_na)
+    row_remap_failed: Reading[bool] = field(default_factory=_na)
     processes: Reading[tuple[GpuProcess, ...]] = field(default_factory=_na)
 
 

@@ -160,6 +160,9 @@ class NvmlBackend:
             max_sm_clock_mhz=s.call("nvmlDeviceGetMaxClockInfo", h, clock_sm),
             max_memory_clock_mhz=s.call("nvmlDeviceGetMaxClockInfo", h, clock_mem),
             power_limit_w=_map(s.call("nvmlDeviceGetEnforcedPowerLimit", h), lambda mw: mw / 1000),
+            default_power_limit_w=_map(
+                s.call("nvmlDeviceGetPowerManagementDefaultLimit", h), lambda mw: mw / 1000
+            ),
             persistence_mode=_map(s.call("nvmlDeviceGetPersistenceMode", h), bool),
             ecc_enabled=_map(s.call("nvmlDeviceGetEccMode", h), lambda v: bool(v[0])),
             mig_enabled=mig_enabled,
@@ -299,8 +302,25 @@ class NvmlBackend:
                 s.const("NVML_VOLATILE_ECC", 0),
             ),
             retired_pages=skipped if self.light else self._retired_pages(h),
+            **self._row_remapping(h, skipped),
             processes=skipped if self.light else self._processes(h),
         )
+
+    def _row_remapping(self, h: Any, skipped: Reading[Any]) -> dict[str, Reading[Any]]:
+        """nvmlDeviceGetRemappedRows -> (correctable rows, uncorrectable rows, pending,
+        failure occurred), one call for the three readings."""
+        names = ("remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failed")
+        if self.light:
+            return dict.fromkeys(names, skipped)
+        rows = self.session.call("nvmlDeviceGetRemappedRows", h)
+        if not rows.ok:
+            return dict.fromkeys(names, rows)
+        _, uncorrectable, pending, failed = rows.get(())
+        return {
+            names[0]: ok(int(uncorrectable), "nvml"),
+            names[1]: ok(bool(pending), "nvml"),
+            names[2]: ok(bool(failed), "nvml"),
+        }
 
     def _pcie(self, h: Any, const: str, default: int) -> Reading[float]:
         if not self.pcie_throughput:

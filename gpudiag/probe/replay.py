@@ -1,4 +1,4 @@
-"""The replay backend: a recorded machine (nvidia-smi XML or gpudiag JSON snapshot) played back."""
+"""The replay backend: a recorded machine (nvidia-smi XML or text, or a gpudiag JSON snapshot)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState, HostInfo, record_from_dict
 from gpudiag.probe.readings import Reading, ok
+from gpudiag.probe.smi_text import TABLE_HOLDS, looks_like_smi_text, parse_smi_text
 from gpudiag.probe.smi_xml import parse_smi_xml
 from gpudiag.probe.topology import SOURCE_RECORDING, Topology
 
@@ -51,7 +52,8 @@ class ReplayBackend:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ReplayBackend:
-        """Load ``nvidia-smi -q -x`` XML or a gpudiag JSON snapshot (``gpudiag inspect --json``)."""
+        """Load ``nvidia-smi -q -x`` XML, ``nvidia-smi -q`` or ``nvidia-smi`` text, or a gpudiag
+        JSON snapshot (``gpudiag inspect --json``); the format is detected from the content."""
         p = Path(path)
         try:
             data = p.read_bytes()
@@ -67,8 +69,14 @@ class ReplayBackend:
             except json.JSONDecodeError as exc:
                 raise ReplayError(f"{p.name} is not valid JSON: {exc}") from None
             return cls.from_snapshot(snapshot, label=p.name)
+        kind = looks_like_smi_text(data)
+        if kind is not None:
+            rec = parse_smi_text(data)
+            label = p.name if kind == "query" else f"{p.name} ({TABLE_HOLDS})"
+            return cls(rec.driver, rec.infos, rec.states, label=label, recorded_at=rec.timestamp)
         raise ReplayError(
-            f"{p.name} is neither nvidia-smi XML (`nvidia-smi -q -x`) nor a gpudiag JSON snapshot"
+            f"{p.name} is neither nvidia-smi output (`nvidia-smi -q -x`, `nvidia-smi -q` or "
+            "`nvidia-smi`) nor a gpudiag JSON snapshot"
         )
 
     @classmethod

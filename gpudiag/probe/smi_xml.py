@@ -133,6 +133,9 @@ def _info(gpu: _Gpu, index: int) -> GpuInfo:
             "power_readings/current_power_limit",
             "power_readings/power_limit",
         ),
+        default_power_limit_w=gpu.num(
+            "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
+        ),
         persistence_mode=gpu.flag("persistence_mode"),
         ecc_enabled=gpu.flag("ecc_mode/current_ecc"),
         mig_enabled=mig_enabled,
@@ -177,7 +180,9 @@ def _ecc_uncorrected(gpu: _Gpu) -> Reading[int]:
     volatile = gpu.el.find("ecc_errors/volatile")
     if volatile is None:
         return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE)
-    paths = [c.tag for c in volatile if c.tag.endswith("_uncorrectable")] or ["double_bit/total"]
+    # DTD v13 splits SRAM into sram_uncorrectable_parity / _secded: every one counts, as in
+    # nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE).
+    paths = [c.tag for c in volatile if "_uncorrectable" in c.tag] or ["double_bit/total"]
     total = 0
     for path in paths:
         reading = gpu.num(f"ecc_errors/volatile/{path}", as_int=True)
@@ -195,6 +200,20 @@ def _retired_pages(gpu: _Gpu) -> Reading[int]:
             return reading
         total += int(reading.get(0))
     return ok(total, SOURCE)
+
+
+def _row_remapping(gpu: _Gpu) -> dict[str, Reading[Any]]:
+    node = gpu.el.find("remapped_rows")
+    if node is not None and not list(node):  # <remapped_rows>N/A</remapped_rows>: no remapper
+        printed = na(Status.NOT_SUPPORTED, "N/A in the recording (nvidia-smi printed N/A)", SOURCE)
+        return dict.fromkeys(
+            ("remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failed"), printed
+        )
+    return {
+        "remapped_rows_uncorrectable": gpu.num("remapped_rows/remapped_row_unc", as_int=True),
+        "row_remap_pending": gpu.flag("remapped_rows/remapped_row_pending", true="yes"),
+        "row_remap_failed": gpu.flag("remapped_rows/remapped_row_failure", true="yes"),
+    }
 
 
 _PROCESS_KINDS = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
@@ -251,6 +270,7 @@ def _state(gpu: _Gpu, info: GpuInfo, timestamp: float) -> GpuState:
         nvlink_tx_bytes=na(Status.NOT_AVAILABLE, "nvidia-smi -q has no NVLink counters", SOURCE),
         ecc_uncorrected_volatile=_ecc_uncorrected(gpu),
         retired_pages=_retired_pages(gpu),
+        **_row_remapping(gpu),
         processes=_processes(gpu),
     )
 

@@ -356,8 +356,9 @@ def inspect(
 ) -> SystemReport:
     """Report the host and the GPUs. Never raises for a missing driver, library or GPU.
 
-    ``replay`` plays a recorded machine instead (``nvidia-smi -q -x`` XML, or a JSON snapshot
-    from ``gpudiag inspect --json``); the report then says it is a recording.
+    ``replay`` plays a recorded machine instead (``nvidia-smi -q -x`` XML, ``nvidia-smi -q`` or
+    plain ``nvidia-smi`` text as pasted from a cluster, or a JSON snapshot from
+    ``gpudiag inspect --json``); the report then says it is a recording.
     ``topology`` gives how the GPUs connect when the backend cannot tell (an XML recording):
     a ``Topology``, or the path(s) of recorded ``nvidia-smi topo -m`` and
     ``nvidia-smi topo -p2p r`` output of the same machine.

@@ -226,6 +226,50 @@ def clock_events(evidence: EvidenceBundle) -> Iterator[Finding]:
             )
 
 
+POWER_LIMIT_LOWERED = 0.95  # enforced limit below 95 % of the board's default
+
+
+@rule("hw.power_limit", category=CATEGORY, needs=("gpu",))
+def power_limit_lowered(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Power limit set below the board's default: heavy kernels reach the cap sooner.
+
+    Seen on real recordings: an RTX 3090 at 200 W of its 350 W default, and a GH200 whose GPU
+    runs at 700 W of its 900 W default (the driver requested 900 W; the Grace Hopper module
+    shares one budget between CPU and GPU). MEDIUM while the GPU is busy and the power cap is
+    the active clock-event reason, LOW otherwise: an idle GPU does not show whether it matters.
+    """
+    for gpu in _gpus(evidence):
+        limit, default = gpu.info.power_limit_w.get(), gpu.info.default_power_limit_w.get()
+        if limit is None or not default or limit >= default * POWER_LIMIT_LOWERED:
+            continue
+        reasons = tuple(gpu.state.clock_event_reasons.get(()) or ())
+        capped = is_busy(gpu) and "sw_power_cap" in reasons
+        yield Finding(
+            "hw.power_limit_lowered",
+            Severity.MEDIUM if capped else Severity.LOW,
+            CATEGORY,
+            f"{gpu_label(gpu)} power limit is {limit:.0f} W, {1 - limit / default:.0%} below its "
+            f"default {default:.0f} W"
+            + (": the GPU is at that cap now and its clocks drop" if capped else ""),
+            (
+                Evidence("power.limit", limit, "W", source_of(gpu.info.power_limit_w)),
+                Evidence(
+                    "power.default_limit", default, "W", source_of(gpu.info.default_power_limit_w)
+                ),
+                Evidence("power.draw", gpu.state.power_w.get(), "W", source_of(gpu.state.power_w)),
+                Evidence(
+                    "clocks_event_reasons",
+                    ", ".join(reasons) or "none",
+                    source=source_of(gpu.state.clock_event_reasons),
+                ),
+            ),
+            threshold=f"enforced power limit < {POWER_LIMIT_LOWERED:.0%} of the default limit",
+            instruction="`nvidia-smi -q -d POWER` shows the limits; unless the cap is deliberate "
+            "(a rack or module power budget, as on GH200), restore it with "
+            f"`sudo nvidia-smi -i {gpu.info.index} -pl {default:.0f}`",
+        )
+
+
 @rule("hw.nvlink", category=CATEGORY, needs=("gpu",))
 def nvlink_down(evidence: EvidenceBundle) -> Iterator[Finding]:
     """NVLink links that exist but are down (traffic falls back to PCIe)."""
@@ -293,6 +337,72 @@ def ecc_errors(evidence: EvidenceBundle) -> Iterator[Finding]:
                 threshold="retired pages > 0",
                 instruction="`nvidia-smi -q -d PAGE_RETIREMENT`; a pending retirement needs a "
                 "reset; a growing count means the board should be replaced",
+            )
+
+
+_ROW_REMAP_DOC = "NVIDIA's GPU memory error management guide (row remapping, A100 and newer)"
+
+
+@rule("hw.row_remapping", category=CATEGORY, needs=("gpu",))
+def row_remapping(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """Memory rows remapped after uncorrectable errors, a remap waiting for a reset, or a
+    remap that failed. A100, Hopper and newer repair rows instead of retiring pages, so on
+    them this is the memory-health signal (their retired-page counters read N/A)."""
+    for gpu in _gpus(evidence):
+        state = gpu.state
+        items = (
+            Evidence(
+                "remapped_rows.uncorrectable",
+                state.remapped_rows_uncorrectable.get(),
+                source=source_of(state.remapped_rows_uncorrectable),
+            ),
+            Evidence(
+                "remapped_rows.pending",
+                state.row_remap_pending.get(),
+                source=source_of(state.row_remap_pending),
+            ),
+            Evidence(
+                "remapped_rows.failure",
+                state.row_remap_failed.get(),
+                source=source_of(state.row_remap_failed),
+            ),
+        )
+        if state.row_remap_failed.get() is True:
+            yield Finding(
+                "hw.row_remap_failed",
+                Severity.HIGH,
+                CATEGORY,
+                f"{gpu_label(gpu)} could not remap a failing memory row: it has memory it "
+                "cannot repair",
+                items,
+                threshold="remapping failure occurred",
+                instruction=f"drain the GPU and have the board serviced ({_ROW_REMAP_DOC}); "
+                "`nvidia-smi -q -d ROW_REMAPPER` shows the state",
+            )
+        elif state.row_remap_pending.get() is True:
+            yield Finding(
+                "hw.row_remap_pending",
+                Severity.MEDIUM,
+                CATEGORY,
+                f"{gpu_label(gpu)} has a memory row remap waiting for a GPU reset: the repair "
+                "is not in effect yet",
+                items,
+                threshold="a row remap is pending",
+                instruction="when the GPU is idle, reset it (`sudo nvidia-smi -r -i "
+                f"{gpu.info.index}`) or reboot; then `nvidia-smi -q -d ROW_REMAPPER` shows "
+                "Pending: No",
+            )
+        elif rows := state.remapped_rows_uncorrectable.get(0):
+            yield Finding(
+                "hw.rows_remapped",
+                Severity.LOW,
+                CATEGORY,
+                f"{gpu_label(gpu)} has {rows} memory row{'s' if rows != 1 else ''} remapped "
+                "after uncorrectable errors (repaired)",
+                items,
+                threshold="rows remapped for uncorrectable errors > 0",
+                instruction="repaired rows are normal in small numbers; a count that keeps "
+                "growing means the board should be serviced (`nvidia-smi -q -d ROW_REMAPPER`)",
             )
 
 

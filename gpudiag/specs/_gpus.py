@@ -44,6 +44,8 @@ class GpuSpec:
     memory_type: str | None = None
     notes: str = ""
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    # CPU<->GPU bandwidth per direction when the host link is NVLink-C2C, not PCIe (GH200).
+    c2c_bandwidth_gbps: float | None = None
     derived: bool = False  # True when built from live readings, not from the table
 
     def peak_tflops_for(self, dtype: str) -> float | None:
@@ -121,6 +123,7 @@ def _spec(row: Mapping[str, Any]) -> GpuSpec:
         raise SpecsError(f"gpus.json: row {row['key']!r} has unknown dtypes {sorted(unknown)}")
     nvlink = row.get("nvlink_bandwidth_gbps")
     tdp = row.get("tdp_w")
+    c2c = row.get("c2c_bandwidth_gbps")
     return GpuSpec(
         key=row["key"],
         name=row["name"],
@@ -138,6 +141,7 @@ def _spec(row: Mapping[str, Any]) -> GpuSpec:
         memory_type=row.get("memory_type"),
         notes=row.get("notes", ""),
         aliases=tuple(row.get("aliases", ())),
+        c2c_bandwidth_gbps=None if c2c is None else float(c2c),
     )
 
 

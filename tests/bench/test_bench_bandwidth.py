@@ -118,3 +118,22 @@ def test_sizes_below_the_cache_do_not_set_the_ceiling() -> None:
     )
     assert BandwidthResult("cpu", rows, cache_bytes=1 << 20).gbps("copy") == 22.0
     assert BandwidthResult("cpu", rows[:1], cache_bytes=1 << 20).gbps("copy") == 100.0
+
+
+def test_gh200_host_device_ceiling_is_nvlink_c2c_not_its_x1_pcie_link() -> None:
+    # The recorded GH200 shows its GPU's own PCIe link at gen 4 x1 (~2 GB/s): the host path
+    # is NVLink-C2C (900 GB/s both ways), so that is the ceiling for host<->device copies.
+    from gpudiag.probe.system import inspect
+    from tests.conftest import FIXTURES
+
+    system = inspect(replay=FIXTURES / "nvidia-smi-text" / "gh200.nvidia-smi-q.txt")
+    link = system.gpus[0].info.pcie
+    assert (link.gen_max.value, link.width_max.value) == (4, 1)
+    target = _env.Target("cuda", 0, "NVIDIA GH200 480GB")
+    for kind in ("h2d_pinned", "d2h_pageable"):
+        reading = memory._theoretical(target, kind, system)
+        assert reading.value == 450
+        assert "NVLink-C2C" in reading.source
+    # A PCIe board keeps its PCIe figure.
+    h100 = _env.Target("cuda", 0, "NVIDIA H100 80GB HBM3")
+    assert "gen 4 x16" in memory._theoretical(h100, "h2d_pinned", _system_with_link(4, 16)).source

@@ -388,6 +388,12 @@ class FakeNvml(types.ModuleType):
         )
         return round(watts * 1000)
 
+    def _nvmlDeviceGetPowerManagementDefaultLimit(self, h: _Handle) -> int:
+        watts = _num(
+            h.el, "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"
+        )
+        return round(watts * 1000)
+
     def _nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
         watts = _num(
             h.el,
@@ -540,10 +546,20 @@ class FakeNvml(types.ModuleType):
         volatile = h.el.find("ecc_errors/volatile")
         if volatile is None:
             raise _err(real.NVML_ERROR_NOT_SUPPORTED)
-        paths = [c.tag for c in volatile if c.tag.endswith("_uncorrectable")] or [
-            "double_bit/total"
-        ]
+        paths = [c.tag for c in volatile if "_uncorrectable" in c.tag] or ["double_bit/total"]
         return sum(int(_num(volatile, p)) for p in paths)
+
+    def _nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
+        # pynvml returns (correctable rows, uncorrectable rows, is pending, failure occurred).
+        def flag(tag: str) -> int:
+            return int(_text(h.el, f"remapped_rows/{tag}").lower() == "yes")
+
+        return (
+            int(_num(h.el, "remapped_rows/remapped_row_corr")),
+            int(_num(h.el, "remapped_rows/remapped_row_unc")),
+            flag("remapped_row_pending"),
+            flag("remapped_row_failure"),
+        )
 
     def _nvmlDeviceGetRetiredPages(self, h: _Handle, cause: int) -> list[int]:
         tag = "multiple_single_bit_retirement" if cause == 0 else "double_bit_retirement"

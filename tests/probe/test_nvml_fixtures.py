@@ -70,9 +70,24 @@ def test_report_matches_xml(path: Path) -> None:
 def test_nvml_and_replay_paths_agree(path: Path) -> None:
     live, replay = _reports(path)
     for a, b in zip(live.gpus, replay.gpus, strict=False):
-        for field in ("name", "uuid", "pci_bus_id", "memory_total_bytes", "power_limit_w"):
+        for field in (
+            "name",
+            "uuid",
+            "pci_bus_id",
+            "memory_total_bytes",
+            "power_limit_w",
+            "default_power_limit_w",
+        ):
             assert getattr(a.info, field).get() == getattr(b.info, field).get(), field
-        for field in ("gpu_util_pct", "memory_used_bytes", "power_w", "clock_event_reasons"):
+        for field in (
+            "gpu_util_pct",
+            "memory_used_bytes",
+            "power_w",
+            "clock_event_reasons",
+            "remapped_rows_uncorrectable",
+            "row_remap_pending",
+            "row_remap_failed",
+        ):
             assert getattr(a.state, field).get() == getattr(b.state, field).get(), field
 
 
@@ -135,3 +150,23 @@ def test_loaded_gpu_values() -> None:
         assert state.gpu_util_pct.value == 65
         assert state.performance_state.value == "P2"
         assert state.power_w.value == pytest.approx(142.33)
+
+
+def test_v13_sram_parity_and_secded_count_as_uncorrected(tmp_path: Path) -> None:
+    # DTD v13 (the Blackwell dump) splits SRAM uncorrectable errors in two tags; NVML's total
+    # of uncorrected volatile errors counts them all. The dump prints N/A: fill in counts.
+    text = (FIXTURES / "nvidia-smi-xml" / "pro-6000-maxq-blackwell-v13.xml").read_text()
+    volatile = text.index("<volatile>")
+    head, tail = text[:volatile], text[volatile:]
+    for tag, count in (
+        ("sram_correctable", 5),
+        ("sram_uncorrectable_parity", 2),
+        ("sram_uncorrectable_secded", 1),
+        ("dram_correctable", 7),
+        ("dram_uncorrectable", 1),
+    ):
+        tail = tail.replace(f"<{tag}>N/A</{tag}>", f"<{tag}>{count}</{tag}>", 1)
+    path = tmp_path / "blackwell-sram-errors.xml"
+    path.write_text(head + tail)
+    for report in _reports(path):
+        assert report.gpus[0].state.ecc_uncorrected_volatile.value == 4

@@ -274,3 +274,104 @@ def test_monitor_series_denied_permission_are_low(fixtures_dir: Path) -> None:
     # The DataFrame alone carries no N/A reasons: the rule says it could not tell.
     frame = _counters(recorded, {}, monitor.samples())
     assert set(frame) == {"hw.profiling_counters"}  # type: ignore[arg-type]
+
+
+def test_power_limit_lowered_on_real_recordings(fixtures_dir: Path) -> None:
+    # rtx-3090-v12.xml (its "power-limit fields", SOURCES.md): enforced 200 W of a 350 W
+    # default; idle, so LOW.
+    diagnosis = run_rules(EvidenceBundle(system=_report(fixtures_dir, "rtx-3090-v12.xml"), env={}))
+    [finding] = [f for f in diagnosis.findings if f.id == "hw.power_limit_lowered"]
+    assert finding.severity is Severity.LOW
+    assert "200 W, 43% below its default 350 W" in finding.message
+    assert "nvidia-smi -i 0 -pl 350" in finding.instruction
+    # rtx-3080-v12.xml runs 336 W of a 320 W default: raised, not lowered.
+    assert "hw.power_limit_lowered" not in dict(
+        _diagnose(_report(fixtures_dir, "rtx-3080-v12.xml"))
+    )
+
+
+def test_power_limit_lowered_is_medium_when_busy_at_the_cap(fixtures_dir: Path) -> None:
+    system = _edit_gpu(
+        _report(fixtures_dir, "rtx-3090-v12.xml"),
+        state={"gpu_util_pct": ok(98.0), "clock_event_reasons": ok(("sw_power_cap",))},
+    )
+    assert ("hw.power_limit_lowered", "medium") in _diagnose(system)
+    busy_uncapped = _edit_gpu(
+        _report(fixtures_dir, "rtx-3090-v12.xml"), state={"gpu_util_pct": ok(98.0)}
+    )
+    assert ("hw.power_limit_lowered", "low") in _diagnose(busy_uncapped)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((FIXTURES / "nvidia-smi-xml").glob("*.xml")), ids=lambda p: p.stem
+)
+def test_power_limit_rule_only_where_the_recording_shows_a_lowered_limit(path: Path) -> None:
+    system = inspect(replay=path)
+    found = "hw.power_limit_lowered" in dict(_diagnose(system))
+    lowered = any(
+        g.info.power_limit_w.ok
+        and g.info.default_power_limit_w.ok
+        and g.info.power_limit_w.value < 0.95 * g.info.default_power_limit_w.value
+        for g in system.gpus
+    )
+    assert found is lowered
+    assert found is (path.name == "rtx-3090-v12.xml")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *[
+            p
+            for p in sorted((FIXTURES / "nvidia-smi-text").glob("*-q.txt"))
+            if "gh200" not in p.name
+        ],
+        FIXTURES / "nvidia-smi-xml" / "pro-6000-maxq-blackwell-v13.xml",
+    ],
+    ids=lambda p: p.name,
+)
+def test_row_remapping_read_on_real_recordings_and_healthy(path: Path) -> None:
+    # The H100 / H200 text dumps and the Blackwell XML print 0 rows, Pending: No, Failure: No.
+    system = inspect(replay=path)
+    for gpu in system.gpus:
+        assert gpu.state.remapped_rows_uncorrectable.value == 0
+        assert gpu.state.row_remap_pending.value is False
+        assert gpu.state.row_remap_failed.value is False
+    found = dict(_diagnose(system))
+    assert not {"hw.row_remap_failed", "hw.row_remap_pending", "hw.rows_remapped"} & set(found)
+
+
+def test_gh200_recording_has_one_repaired_row() -> None:
+    # gh200.nvidia-smi-q.txt: Remapped Rows / Uncorrectable Error 1, Pending No, Failure No,
+    # after one aggregate DRAM uncorrectable error: repaired, so LOW, not a reset or a service.
+    system = inspect(replay=FIXTURES / "nvidia-smi-text" / "gh200.nvidia-smi-q.txt")
+    found = dict(_diagnose(system))
+    assert found["hw.rows_remapped"] == "low"
+    assert "hw.row_remap_pending" not in found
+    assert "hw.row_remap_failed" not in found
+
+
+def test_row_remapping_na_on_the_a100_recording_says_why(fixtures_dir: Path) -> None:
+    state = _report(fixtures_dir, "a100-sxm4-v12.xml").gpus[0].state
+    assert state.row_remap_pending.status is Status.NOT_SUPPORTED
+    assert "printed N/A" in state.row_remap_pending.reason
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (
+            {"row_remap_failed": ok(True), "row_remap_pending": ok(True)},
+            ("hw.row_remap_failed", "high"),
+        ),
+        ({"row_remap_pending": ok(True)}, ("hw.row_remap_pending", "medium")),
+        ({"remapped_rows_uncorrectable": ok(2)}, ("hw.rows_remapped", "low")),
+    ],
+    ids=["failed", "pending", "repaired"],
+)
+def test_row_remapping_findings(state: dict, expected: tuple[str, str]) -> None:
+    # The H100 SXM text (0 / No / No) with one remapper state changed.
+    base = inspect(replay=FIXTURES / "nvidia-smi-text" / "h100-sxm-x8.nvidia-smi-q.txt")
+    remap = ("hw.row_remap_failed", "hw.row_remap_pending", "hw.rows_remapped")
+    found = [f for f in _diagnose(_edit_gpu(base, state=state)) if f[0] in remap]
+    assert found == [expected]
