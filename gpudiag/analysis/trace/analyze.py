@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag.analysis.costed_ops import dtype_of
 from gpudiag.analysis.trace.breakdown import (
     GpuRows,
     comm_compute_overlap,
@@ -73,6 +74,23 @@ def _categories(events: Events, rows: I64) -> np.ndarray:
     return out
 
 
+def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
+    """The dtype each launching operator's recorded Input type says (None: not recorded)."""
+    out = np.full(op_rows.size, None, dtype=object)
+    inputs = events.inputs
+    if not inputs:
+        return out
+    cache: dict[int, str | None] = {}
+    for i, o in enumerate(op_rows.tolist()):
+        if o < 0 or o not in inputs:
+            continue
+        if o not in cache:
+            types = inputs[o].types
+            cache[o] = dtype_of(types) if types else None
+        out[i] = cache[o]
+    return out
+
+
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
     """Every analysis of one decoded trace file."""
     ev = trace.events
@@ -102,7 +120,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     op_names = np.array(
         [ev.names[ev.name[o]] if o >= 0 else None for o in op_rows.tolist()], dtype=object
     )
-    kernels = kernel_table(ev, cols, op_names)
+    kernels = kernel_table(ev, cols, op_names, _op_dtypes(ev, op_rows))
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
     shaped = shaped_ops(ev, nesting, window.host, steps, win_rows, op_rows, cols.tensor_cores)
     launches = (
