@@ -18,6 +18,7 @@ from gpudiag.analysis.trace.kernel_classes import (
     classify_kernel,
     kernel_dtype,
 )
+from gpudiag.analysis.trace.kernel_names import readable_kernel_name
 from gpudiag.analysis.trace.model import (
     F64,
     I64,
@@ -63,19 +64,9 @@ def is_tensor_core_eligible_op(op_name: str) -> bool:
 
 
 def short_name(name: str, width: int = 80) -> str:
-    """A kernel name without its argument list, cut to ``width`` characters."""
-    base = name
-    depth = 0
-    for i, ch in enumerate(name):
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        if ch == "(" and depth == 1 and i > 0:
-            base = name[:i]
-            break
-    base = base.removeprefix("void ").strip()
-    return base if len(base) <= width else base[: width - 1] + "\u2026"
+    """A readable kernel name: no return type, argument list or C++ namespace noise, cut to
+    ``width`` characters (see ``gpudiag.analysis.trace.kernel_names``)."""
+    return readable_kernel_name(name, width)
 
 
 @dataclass(frozen=True)
