@@ -171,6 +171,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             "kernels could not be tied to the operators that launched them, so "
             "tensor-core-eligible work without tensor cores is not available."
         )
+    notes += trace.load_notes
     if trace.unknown_event_types:
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
@@ -276,7 +277,8 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
     missing: tuple[int, ...] = ()
     if len(worlds) == 1:
         world = worlds.pop()
-        missing = tuple(r for r in range(world) if r not in set(ranks))
+        present = set(ranks)
+        missing = tuple(r for r in range(world) if r not in present)
         if missing and len(missing) < world:
             shown = ", ".join(map(str, missing[:16])) + ("..." if len(missing) > 16 else "")
             notes.append(

@@ -200,6 +200,7 @@ class RankTrace:
     metadata: Mapping[str, Any]
     unknown_event_types: Mapping[str, int]  # "ph/cat" -> count, for the report's notes
     file_bytes: int
+    load_notes: tuple[str, ...] = ()  # what was wrong in the file and how it was read around
 
 
 # Host calls that block the CPU until the GPU catches up (CUDA runtime names).
