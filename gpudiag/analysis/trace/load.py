@@ -111,6 +111,10 @@ _NO_DURATION = "no duration"
 _BEYOND_INT64 = "integer beyond int64"
 _NEGATIVE_DURATION = "negative duration"
 _NOT_A_DURATION = "non-numeric duration"
+_HUGE_DURATION = "duration over 11 days"
+# No profiled event lasts this long (11.6 days); a larger value is corruption, and squaring it
+# for a standard deviation would overflow.
+MAX_DURATION_US = 1e12
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 _TAIL_DECODER = msgspec.json.Decoder(_Tail)
 _ANY_DECODER = msgspec.json.Decoder()
@@ -338,8 +342,9 @@ class _Columns:
         self.thread.fromlist([threads.setdefault((e.pid, e.tid), len(threads)) for e in xs])
         self.ts.fromlist([e.ts for e in xs])  # type: ignore[misc]
         durs = [e.dur for e in xs]
-        self.dur.fromlist([d if d is not None and 0.0 < d < math.inf else 0.0 for d in durs])
-        bad = [i for i, d in enumerate(durs) if d is None or not 0.0 <= d < math.inf]
+        top = MAX_DURATION_US
+        self.dur.fromlist([d if d is not None and 0.0 < d <= top else 0.0 for d in durs])
+        bad = [i for i, d in enumerate(durs) if d is None or not 0.0 <= d <= top]
         if bad:
             self._count_bad_durations(xs, durs, bad)
         args = [e.args for e in xs]
@@ -393,7 +398,15 @@ class _Columns:
     ) -> None:
         for i in bad:
             d = durs[i]
-            reason = _NO_DURATION if d is None else _NEGATIVE_DURATION if d < 0 else _NOT_A_DURATION
+            reason = (
+                _NO_DURATION
+                if d is None
+                else _NEGATIVE_DURATION
+                if d < 0
+                else _HUGE_DURATION
+                if d > MAX_DURATION_US
+                else _NOT_A_DURATION
+            )
             self.problems[reason] += 1
         if self.bad_duration_example is None:
             e = xs[bad[0]]
@@ -570,6 +583,18 @@ _ROCPROFILER = (
 )
 
 
+def _check_encoding(p: Path, first: bytes) -> bytes:
+    """The first block without a UTF-8 byte-order mark; a TraceError for UTF-16/32."""
+    if first.startswith(b"\xef\xbb\xbf"):
+        return first[3:]
+    if first.startswith((b"\xff\xfe", b"\xfe\xff")) or first[:2].count(b"\0") == 1:
+        raise TraceError(
+            f"{p} is UTF-16/32 text (it was re-saved by an editor or a tool); torch.profiler "
+            "writes UTF-8. Re-export the trace, or convert it: iconv -f UTF-16 -t UTF-8."
+        )
+    return first
+
+
 def _not_kineto(metadata: Mapping[str, Any]) -> str | None:
     """What a JSON object without trace events is, when it is a known other format."""
     if "rocprofiler-sdk-tool" in metadata:
@@ -604,8 +629,12 @@ def _read_events(p: Path) -> tuple[Events, dict[str, Any], int]:
     head: bytes | None = None
     top_level_list = False
     consumed = 0  # bytes of decompressed text already decoded, for error offsets
+    first = True
     try:
         for block in _blocks(p):
+            if first:
+                block = _check_encoding(p, block)
+                first = False
             buf = buf + block if buf else block
             if head is None:
                 stripped = buf.lstrip()
@@ -629,6 +658,8 @@ def _read_events(p: Path) -> tuple[Events, dict[str, Any], int]:
     except MemoryError:
         raise TraceError(f"{p} is too large to decode in this process's memory.") from None
 
+    if first:
+        raise TraceError(f"{p} is empty: no JSON in it (the export did not happen or was cut).")
     if head is None:
         # No event list found while streaming: a metadata-only file, or an odd layout.
         metadata = _decode_metadata(p, buf, consumed, columns.problems)
@@ -636,6 +667,11 @@ def _read_events(p: Path) -> tuple[Events, dict[str, Any], int]:
         if other is not None:
             raise TraceError(f"{p} is {other}.")
         events = metadata.pop("traceEvents", None)
+        if events is not None and not isinstance(events, list):
+            raise TraceError(
+                f"{p}: traceEvents is a JSON {type(events).__name__}, not a list of events; "
+                "the file is not a Kineto trace or was edited."
+            )
         if isinstance(events, list):
             columns.add(_loose_events(events, columns.problems))
     else:
@@ -687,7 +723,9 @@ def _load_notes(columns: _Columns) -> list[str]:
             "beyond the 64-bit range Kineto writes: they were read as not recorded, so the "
             "events they belong to may not be tied to their launches."
         )
-    bad = {k: problems[k] for k in (_NEGATIVE_DURATION, _NOT_A_DURATION, _NO_DURATION)}
+    bad = {
+        k: problems[k] for k in (_NEGATIVE_DURATION, _NOT_A_DURATION, _HUGE_DURATION, _NO_DURATION)
+    }
     if any(bad.values()):
         listed = ", ".join(f"{n:,} with {k}" for k, n in bad.items() if n)
         notes.append(

@@ -218,6 +218,8 @@ PARTIAL: list[tuple[str, _Mutation, str]] = [
     ("world_size_1e9", _set_world(10**9), "world_size is 1000000000, not a world size"),
     ("world_size_float", _set_world(1e9), "world_size is 1000000000.0"),
     ("world_size_zero", _set_world(0), "world_size is 0"),
+    ("rank_negative", lambda d: d["distributedInfo"].update(rank=-3), "rank is -3"),
+    ("duration_1e300", _set_field("kernel", "dur", 1e300), "1 with duration over 11 days"),
 ]
 
 
@@ -328,3 +330,51 @@ def test_rocprofiler_json_is_named(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="rocprofiler") as err:
         analyze_trace(path)
     assert "recorded nothing" not in str(err.value)
+
+
+def _text(traces_dir: Path) -> bytes:
+    return gzip.decompress((traces_dir / ALEXNET).read_bytes())
+
+
+def _events_not_a_list(text: bytes) -> bytes:
+    doc = json.loads(text)
+    doc["traceEvents"] = {"0": doc["traceEvents"][0]}
+    return json.dumps(doc).encode()
+
+
+# (id, how the real trace's bytes are damaged, what the TraceError says)
+REFUSED: list[tuple[str, Callable[[bytes], bytes], str]] = [
+    ("empty_file", lambda t: b"", "is empty"),
+    ("utf16", lambda t: t.decode().encode("utf-16"), "UTF-16"),
+    ("trace_events_not_a_list", _events_not_a_list, "traceEvents is a JSON dict"),
+    ("top_level_null", lambda t: b"null", "not an object or event list"),
+]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
+)
+def test_unreadable_variants_of_a_real_trace_are_trace_errors(
+    traces_dir: Path, tmp_path: Path, damage: Callable[[bytes], bytes], message: str
+) -> None:
+    path = tmp_path / "damaged.json"
+    path.write_bytes(damage(_text(traces_dir)))
+    with pytest.raises(TraceError, match=message):
+        analyze_trace(path)
+
+
+def test_utf8_byte_order_mark_is_read(traces_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + _text(traces_dir))
+    assert (
+        analyze_trace(path).time_breakdown() == analyze_trace(traces_dir / ALEXNET).time_breakdown()
+    )
+
+
+def test_absurd_device_properties_are_not_recorded(traces_dir: Path, tmp_path: Path) -> None:
+    doc = _doc(traces_dir, ALEXNET)
+    doc["deviceProperties"][0].update(numSms=1e308, computeMajor=-1, warpSize="32")
+    path = tmp_path / "props.json"
+    path.write_text(json.dumps(doc))
+    device = analyze_trace(path).device_properties[0]
+    assert (device.num_sms, device.compute_capability, device.warp_size) == (None, None, None)
