@@ -482,6 +482,17 @@ FAMILIES: tuple[KernelFamily, ...] = (
         AMD,
         _no_dtype,  # "half" in batched_transpose_*_half is the element size, not the dtype
     ),
+    # Norms, activations, rotary embeddings, caches, quantisation and sampling in the
+    # serving libraries: elementwise work, no tensor cores.
+    _row(
+        "serving-elementwise",
+        r"(?:vllm::|sgl_hip|sgl_kernel|sglang::|_ZN5aiter|aiter::)[\w:]*?"
+        r"(?:act_and_mul|activation|norm|rotary|cache|copy|quant|sampl|topk|softmax|silu|gelu)",
+        COMPUTE,
+        False,
+        "vLLM/SGLang/aiter",
+        None,
+    ),
     _row(
         "aiter",
         r"_ZN5aiter|aiter::|^aiter_",

@@ -120,6 +120,10 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
      "Rmsnorm2dFwdPipelineProblemIDF16bDF16bfDF16b", "ck", COMPUTE, False, AMD, None,
      "recorded"),
     ("attn_fwd", "aotriton", COMPUTE, True, None, None, "recorded"),
+    ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi64ELi8ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_",
+     "serving-elementwise", COMPUTE, False, None, None, "recorded"),
+    ("_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4silu",
+     "serving-elementwise", COMPUTE, False, None, "bf16", "recorded"),
     # -- Triton --------------------------------------------------------------------------
     ("triton_poi_fused__unsafe_view_mul_silu_2", "triton-inductor", COMPUTE, False, None,
      None, "recorded"),
@@ -327,3 +331,10 @@ def test_unknown_tensor_core_time_is_not_counted_as_without(
     assert tc is not None
     assert (tc.unknown_us, tc.tensor_core_us) == (100, 0)
     assert tc.eligible_without_tensor_cores_us == 50
+
+
+def test_pooled_kernels_of_a_folder_keep_their_class(traces_dir: Path) -> None:
+    report = analyze_trace(traces_dir / "param-dlrm-8rank-v100")
+    sgemm = next(k for k in report.kernels() if k.name == "volta_sgemm_128x32_nt")
+    assert (sgemm.family, sgemm.library, sgemm.vendor) == ("cublas-simt", "cuBLAS/cuDNN", NVIDIA)
+    assert (sgemm.dtype, sgemm.tensor_cores_known) == ("fp32", True)
