@@ -82,7 +82,7 @@ def main(root: Path) -> None:
         by_lib: Counter[str] = Counter()
         for k in report.kernels():
             if k.category == "compute":
-                by_lib[k.library or "?"] += k.total_us
+                by_lib[k.provider or "?"] += k.total_us
         top = by_lib.most_common(1)[0][0] if by_lib else "-"
         print(
             f"{path.name[:50]:50} {_pct(report.tensor_core_share):>7} {_pct(unknown):>7} "

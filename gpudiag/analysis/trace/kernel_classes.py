@@ -27,7 +27,7 @@ DtypeReader = Callable[[str], str | None]
 
 @dataclass(frozen=True)
 class KernelClass:
-    """What a kernel's name says about it.
+    """What a kernel's name says about it (``provider``: the library that ships it).
 
     ``tensor_cores``: True when the name says it runs on tensor cores (NVIDIA) or matrix
     cores (AMD MFMA), False when it says it does not, None when the name cannot tell (a
@@ -37,7 +37,7 @@ class KernelClass:
     family: str
     category: str
     tensor_cores: bool | None
-    library: str | None
+    provider: str | None
     vendor: str | None
     dtype: str | None
 
@@ -46,7 +46,7 @@ class KernelClass:
             "family": self.family,
             "category": self.category,
             "tensor_cores": self.tensor_cores,
-            "library": self.library,
+            "provider": self.provider,
             "vendor": self.vendor,
             "dtype": self.dtype,
         }
@@ -60,7 +60,7 @@ class KernelFamily:
     pattern: re.Pattern[str]
     category: str
     tensor_cores: bool | None
-    library: str | None
+    provider: str | None
     vendor: str | None
     dtype: DtypeReader | None = None
 
@@ -244,13 +244,13 @@ def _row(
     pattern: str,
     category: str,
     tensor_cores: bool | None,
-    library: str | None,
+    provider: str | None,
     vendor: str | None,
     dtype: DtypeReader | None = _name_then_template,
     flags: int = 0,
 ) -> KernelFamily:
     return KernelFamily(
-        family, re.compile(pattern, flags), category, tensor_cores, library, vendor, dtype
+        family, re.compile(pattern, flags), category, tensor_cores, provider, vendor, dtype
     )
 
 
@@ -578,7 +578,7 @@ def classify_kernel(name: str) -> KernelClass:
         if row.pattern.search(name):
             dtype = row.dtype(name) if row.dtype is not None else None
             return KernelClass(
-                row.family, row.category, row.tensor_cores, row.library, row.vendor, dtype
+                row.family, row.category, row.tensor_cores, row.provider, row.vendor, dtype
             )
     return KernelClass(UNKNOWN_FAMILY, COMPUTE, None, None, None, _name_then_template(name))
 

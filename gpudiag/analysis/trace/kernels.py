@@ -102,11 +102,12 @@ class KernelStats:
     occupancy_limited_by: tuple[str, ...] = ()
     launched_by: str | None = None  # the operator that launched most of its time
     short_calls: int = 0  # calls under 10 us
-    # What the name says (gpudiag.analysis.trace.kernel_classes): the family and library,
-    # the vendor where the name is vendor-specific, and whether ``tensor_cores`` is known
+    # What the name says (gpudiag.analysis.trace.kernel_classes): the family, the provider
+    # (the library that ships the kernel: "cuBLAS", "hipBLASLt", ...), the vendor where the
+    # name is vendor-specific, and whether ``tensor_cores`` is known
     # (False with tensor_cores_known=False: the name cannot tell, e.g. a Triton template).
     family: str | None = None
-    library: str | None = None
+    provider: str | None = None
     vendor: str | None = None
     tensor_cores_known: bool = True
     # The dtype it ran in: the launching operator's recorded Input type where the trace has
@@ -397,7 +398,7 @@ def kernel_table(
                 launched_by=launcher,
                 short_calls=int(short[g]),
                 family=said.family,
-                library=said.library,
+                provider=said.provider,
                 vendor=said.vendor,
                 tensor_cores_known=said.tensor_cores is not None,
                 dtype=dtype,

@@ -170,7 +170,7 @@ def _pooled(stats: list[KernelStats]) -> KernelStats:
         launched_by=first.launched_by,
         short_calls=sum(k.short_calls for k in stats),
         family=first.family,
-        library=first.library,
+        provider=first.provider,
         vendor=first.vendor,
         tensor_cores_known=first.tensor_cores_known,
         dtype=first.dtype,

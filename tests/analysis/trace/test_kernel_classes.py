@@ -279,7 +279,7 @@ def test_amd_gemm_time_counts_as_matrix_cores(report_of: Report, name: str) -> N
     report = report_of(name)
     tc = report.rank().tensor_cores
     assert tc is not None
-    gemm = [k for k in report.kernels() if k.library in ("hipBLASLt", "Tensile")]
+    gemm = [k for k in report.kernels() if k.provider in ("hipBLASLt", "Tensile")]
     assert gemm
     assert all(k.tensor_cores and k.vendor == AMD for k in gemm)
     # Every Tensile/hipBLASLt kernel of these traces names an MFMA instruction.
@@ -336,5 +336,5 @@ def test_unknown_tensor_core_time_is_not_counted_as_without(
 def test_pooled_kernels_of_a_folder_keep_their_class(traces_dir: Path) -> None:
     report = analyze_trace(traces_dir / "param-dlrm-8rank-v100")
     sgemm = next(k for k in report.kernels() if k.name == "volta_sgemm_128x32_nt")
-    assert (sgemm.family, sgemm.library, sgemm.vendor) == ("cublas-simt", "cuBLAS/cuDNN", NVIDIA)
+    assert (sgemm.family, sgemm.provider, sgemm.vendor) == ("cublas-simt", "cuBLAS/cuDNN", NVIDIA)
     assert (sgemm.dtype, sgemm.tensor_cores_known) == ("fp32", True)
