@@ -109,6 +109,7 @@ class _Tail(msgspec.Struct, gc=False):
 _BAD_UTF8 = "invalid UTF-8"
 _NO_DURATION = "no duration"
 _BEYOND_INT64 = "integer beyond int64"
+_NO_TIMESTAMP = "no timestamp"
 _NEGATIVE_DURATION = "negative duration"
 _NOT_A_DURATION = "non-numeric duration"
 _HUGE_DURATION = "duration over 11 days"
@@ -326,7 +327,7 @@ class _Columns:
         if len(xs) != len(complete):
             missing = sum(1 for e in complete if e.ts is None)
             if missing:
-                self.unknown["X event without ts"] += missing
+                self.problems[_NO_TIMESTAMP] += missing
         if not xs:
             return
         first_row = len(self.ts)
@@ -716,6 +717,12 @@ def _load_notes(columns: _Columns) -> list[str]:
         notes.append(
             "the file holds bytes that are not valid UTF-8: they were replaced with U+FFFD, "
             "so some names may read oddly (the file was probably corrupted or edited)."
+        )
+    if problems[_NO_TIMESTAMP]:
+        notes.append(
+            f"{problems[_NO_TIMESTAMP]:,} complete events have no usable timestamp (missing, "
+            "not a number, or beyond a float's range): they are left out, so the time they "
+            "took is not counted anywhere."
         )
     if problems[_BEYOND_INT64]:
         notes.append(

@@ -338,3 +338,24 @@ def test_pooled_kernels_of_a_folder_keep_their_class(traces_dir: Path) -> None:
     sgemm = next(k for k in report.kernels() if k.name == "volta_sgemm_128x32_nt")
     assert (sgemm.family, sgemm.provider, sgemm.vendor) == ("cublas-simt", "cuBLAS/cuDNN", NVIDIA)
     assert (sgemm.dtype, sgemm.tensor_cores_known) == ("fp32", True)
+
+
+def test_symmetric_memory_all_reduce_counts_as_communication(
+    builder: TraceBuilder, tmp_path: Path
+) -> None:
+    # A Blackwell-style step: a GEMM, then a multimem all-reduce (torch symmetric memory).
+    builder.step(1, 0, 300)
+    builder.op("aten::mm", 10, 20)
+    builder.launch(12, 40, 80, "nvjet_sm100_tst_64x32_64x16_2x1_2cta_h_bz_TNT")
+    builder.op("symm_mem::multimem_all_reduce_", 60, 20)
+    builder.launch(
+        62,
+        130,
+        20,
+        "void c10d::symmetric_memory::multimem_all_reduce_kernel<c10::BFloat16, 16, 8>"
+        "(c10::BFloat16*, unsigned long, unsigned long)",
+    )
+    report = analyze_trace(builder.write(tmp_path / "t.json"))
+    b = report.time_breakdown()
+    assert (b["compute_us"], b["communication_us"]) == (80, 20)
+    assert report.tensor_core_share == 1.0

@@ -220,6 +220,8 @@ PARTIAL: list[tuple[str, _Mutation, str]] = [
     ("world_size_zero", _set_world(0), "world_size is 0"),
     ("rank_negative", lambda d: d["distributedInfo"].update(rank=-3), "rank is -3"),
     ("duration_1e300", _set_field("kernel", "dur", 1e300), "1 with duration over 11 days"),
+    ("timestamp_1e400", _set_field("kernel", "ts", 10**400), "1 complete events have no usable"),
+    ("timestamp_string", _set_field("kernel", "ts", "soon"), "1 complete events have no usable"),
 ]
 
 
