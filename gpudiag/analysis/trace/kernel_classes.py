@@ -113,7 +113,11 @@ _CXX_TYPES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "bf16",
         ),
         (r"\b(?:c10::Half|__half|cutlass::half_t|half)\b", "fp16"),
-        (r"\b(?:c10::Float8_e4m3fn\w*|c10::Float8_e5m2\w*|__nv_fp8_e4m3|__nv_fp8_e5m2)\b", "fp8"),
+        (
+            r"\b(?:c10::Float8_e4m3fn\w*|c10::Float8_e5m2\w*|__nv_fp8_e4m3|__nv_fp8_e5m2|"
+            r"cutlass::float_e4m3_t|cutlass::float_e5m2_t)\b",
+            "fp8",
+        ),
         (r"\bdouble\b", "fp64"),
         (r"\bfloat\b", "fp32"),
     )

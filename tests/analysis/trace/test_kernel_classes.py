@@ -56,6 +56,11 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
     ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8"
      "_warpspecialized_cooperative_epi_tma", "cutlass3", COMPUTE, True, NVIDIA, "bf16",
      "published"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, "
+     "int>, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::"
+     "MainloopSm90TmaGmmaWarpSpecializedPingpong<4, cute::tuple<cute::C<1> > >, "
+     "cutlass::float_e4m3_t, cutlass::float_e4m3_t> > >(Params)", "cutlass3", COMPUTE, True,
+     NVIDIA, "fp8", "published"),
     ("sm100_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize256x128x64", "xmma", COMPUTE, True,
      NVIDIA, "bf16", "published"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1",
