@@ -290,6 +290,15 @@ FAMILIES: tuple[KernelFamily, ...] = (
         None,
     ),
     _row("deepep", r"deep_ep::", COMMUNICATION, False, "DeepEP", NVIDIA, _no_dtype),
+    # Transformer Engine's userbuffers (communication overlapped with GEMMs).
+    _row(
+        "te-userbuffers",
+        r"userbuffers_|transformer_engine::\w*userbuffers",
+        COMMUNICATION,
+        False,
+        "Transformer Engine",
+        NVIDIA,
+    ),
     _row("nvshmem", r"^(?:void )?nvshmemi?_", COMMUNICATION, False, "NVSHMEM", NVIDIA, _no_dtype),
     # -- NVIDIA attention ----------------------------------------------------------------
     _row("trtllm-fmha", r"^fmhaSm\d+", COMPUTE, True, "TensorRT-LLM", NVIDIA, _trtllm_fmha_dtype),
@@ -506,6 +515,16 @@ FAMILIES: tuple[KernelFamily, ...] = (
         AMD,
     ),
     _row("rocprim", r"rocprim::|hipcub::", COMPUTE, False, "rocPRIM", AMD),
+    # Transformer Engine's own kernels are casts, transposes, norms and activations (its
+    # GEMMs are cuBLASLt's, its attention cuDNN's or FlashAttention's, named above).
+    _row(
+        "transformer-engine",
+        r"transformer_engine::",
+        COMPUTE,
+        False,
+        "Transformer Engine",
+        NVIDIA,
+    ),
     # -- other CUDA/HIP libraries --------------------------------------------------------
     _row("cub", r"(?:^|[\s:])cub::", COMPUTE, False, "CUB", None, _no_dtype),
     _row(

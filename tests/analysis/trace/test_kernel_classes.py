@@ -172,6 +172,11 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
      "(c10::BFloat16**, unsigned long, unsigned long, unsigned long, unsigned int**, "
      "unsigned long, unsigned long)", "torch-symm-mem", COMMUNICATION, False, NVIDIA, "bf16",
      "published"),
+    ("void userbuffers_fp16_sum_inplace_gpu_rw<8>(int, int, int, int, int, int, void**, int, "
+     "unsigned long)", "te-userbuffers", COMMUNICATION, False, NVIDIA, "fp16", "published"),
+    ("void transformer_engine::detail::cast_transpose_kernel<8, false, __nv_bfloat16, "
+     "__nv_fp8_e4m3>(__nv_bfloat16 const*, __nv_fp8_e4m3*)", "transformer-engine", COMPUTE,
+     False, NVIDIA, "bf16", "published"),
     ("void vllm::cross_device_reduce_1stage<c10::BFloat16, 8>(vllm::RankData*, "
      "vllm::RankSignals, vllm::Signal*, c10::BFloat16*, int, int)", "custom-allreduce",
      COMMUNICATION, False, None, "bf16", "published"),
