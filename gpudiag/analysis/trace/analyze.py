@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag.analysis.costed_ops import dtype_of
 from gpudiag.analysis.trace.attention import attention_use
 from gpudiag.analysis.trace.breakdown import (
     GpuRows,
@@ -74,6 +75,23 @@ def _categories(events: Events, rows: I64) -> np.ndarray:
     return out
 
 
+def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
+    """The dtype each launching operator's recorded Input type says (None: not recorded)."""
+    out = np.full(op_rows.size, None, dtype=object)
+    inputs = events.inputs
+    if not inputs:
+        return out
+    cache: dict[int, str | None] = {}
+    for i, o in enumerate(op_rows.tolist()):
+        if o < 0 or o not in inputs:
+            continue
+        if o not in cache:
+            types = inputs[o].types
+            cache[o] = dtype_of(types) if types else None
+        out[i] = cache[o]
+    return out
+
+
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
     """Every analysis of one decoded trace file."""
     ev = trace.events
@@ -103,7 +121,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     op_names = np.array(
         [ev.names[ev.name[o]] if o >= 0 else None for o in op_rows.tolist()], dtype=object
     )
-    kernels = kernel_table(ev, cols, op_names)
+    kernels = kernel_table(ev, cols, op_names, _op_dtypes(ev, op_rows))
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
     attention = attention_use(ev, nesting, window.host, win_rows, op_rows)
     shaped = shaped_ops(
@@ -164,6 +182,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             "kernels could not be tied to the operators that launched them, so "
             "tensor-core-eligible work without tensor cores is not available."
         )
+    notes += trace.load_notes
     if trace.unknown_event_types:
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
@@ -270,7 +289,8 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
     missing: tuple[int, ...] = ()
     if len(worlds) == 1:
         world = worlds.pop()
-        missing = tuple(r for r in range(world) if r not in set(ranks))
+        present = set(ranks)
+        missing = tuple(r for r in range(world) if r not in present)
         if missing and len(missing) < world:
             shown = ", ".join(map(str, missing[:16])) + ("..." if len(missing) > 16 else "")
             notes.append(

@@ -10,6 +10,15 @@ from typing import Any
 
 import numpy as np
 
+from gpudiag.analysis.trace.kernel_classes import (
+    COMMUNICATION,
+    COMPUTE,
+    MEMORY,
+    SYNC,
+    classify_kernel,
+    kernel_dtype,
+)
+from gpudiag.analysis.trace.kernel_names import readable_kernel_name
 from gpudiag.analysis.trace.model import (
     F64,
     I64,
@@ -20,30 +29,8 @@ from gpudiag.analysis.trace.model import (
     fields_json,
 )
 
-COMPUTE, COMMUNICATION, MEMORY, SYNC = "compute", "communication", "memory", "sync"
 CATEGORIES: tuple[str, ...] = (COMPUTE, COMMUNICATION, MEMORY, SYNC)
 SHORT_KERNEL_US = 10.0
-
-# NCCL kernels, spelled as Holistic Trace Analysis matches them ("^nccl.*Kernel"), so that
-# the compute/communication split is the same in both tools.
-_NCCL = re.compile(r"^nccl.*Kernel")
-
-# Tensor-core kernels by name, Volta to Blackwell. cuBLAS/cuDNN name MMA shapes (h884 on
-# Volta, h1688/s1688/i8816 on Turing and TF32, h16816/s16816 on Ampere+), CUTLASS says
-# "tensorop" / OpClassTensorOp, XMMA/cuDNN v8 engines say xmma and sm80/sm90/sm100, Hopper
-# adds wgmma, Blackwell tcgen05/UMMA and cuBLASLt's nvjet kernels; FlashAttention and
-# fused-MHA kernels run on tensor cores.
-_TENSOR_CORE = re.compile(
-    r"hmma|wmma|wgmma|tcgen05|umma|nvjet|xmma|tensorop|"
-    r"(?:^|[^0-9])(?:884|1688|16816|16832|8816|8832)(?:[^0-9]|$)|"
-    r"sm(?:75|80|86|87|89|90a?|100a?|101|103|110|120|121)_\w*"
-    r"(?:gemm|fprop|dgrad|wgrad|conv|fmha|flash|attention|sdpa)|"
-    r"flash_fwd|flash_bwd|flash::|flash_attn|fmha|cutlass.*sm(?:80|90|100)",
-    re.IGNORECASE,
-)
-# FP32/FP64 kernels that run on the CUDA cores even inside tensor-core libraries.
-_CUDA_CORE = re.compile(r"simt|sgemm|dgemm|scudnn|gemv|f32f32_f32f32_f32", re.IGNORECASE)
-_TF32 = re.compile(r"tf32", re.IGNORECASE)
 
 # ATen operators whose work tensor cores could do (matmul, linear, conv, bmm, attention).
 _ELIGIBLE_OP = re.compile(
@@ -54,18 +41,20 @@ _ELIGIBLE_OP = re.compile(
 
 
 def kernel_category(kind: int, name: str) -> str:
+    """compute / communication / memory / sync of a GPU event (kernels by their name, see
+    ``gpudiag.analysis.trace.kernel_classes``)."""
     if kind == Kind.GPU_SYNC:
         return SYNC
     if kind in (Kind.MEMCPY, Kind.MEMSET):
         return MEMORY
-    return COMMUNICATION if _NCCL.match(name) else COMPUTE
+    return classify_kernel(name).category
 
 
 def uses_tensor_cores(name: str) -> bool:
-    """Whether a kernel's name says it runs on tensor cores (a heuristic, by library naming)."""
-    if _CUDA_CORE.search(name) and not _TF32.search(name):
-        return False
-    return _TENSOR_CORE.search(name) is not None
+    """Whether a kernel's name says it runs on tensor cores or AMD matrix cores (False when
+    the name says it does not, or cannot tell: ``classify_kernel(name).tensor_cores`` is
+    None then)."""
+    return classify_kernel(name).tensor_cores is True
 
 
 @functools.lru_cache(maxsize=4096)
@@ -75,19 +64,9 @@ def is_tensor_core_eligible_op(op_name: str) -> bool:
 
 
 def short_name(name: str, width: int = 80) -> str:
-    """A kernel name without its argument list, cut to ``width`` characters."""
-    base = name
-    depth = 0
-    for i, ch in enumerate(name):
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        if ch == "(" and depth == 1 and i > 0:
-            base = name[:i]
-            break
-    base = base.removeprefix("void ").strip()
-    return base if len(base) <= width else base[: width - 1] + "\u2026"
+    """A readable kernel name: no return type, argument list or C++ namespace noise, cut to
+    ``width`` characters (see ``gpudiag.analysis.trace.kernel_names``)."""
+    return readable_kernel_name(name, width)
 
 
 @dataclass(frozen=True)
@@ -123,6 +102,18 @@ class KernelStats:
     occupancy_limited_by: tuple[str, ...] = ()
     launched_by: str | None = None  # the operator that launched most of its time
     short_calls: int = 0  # calls under 10 us
+    # What the name says (gpudiag.analysis.trace.kernel_classes): the family, the provider
+    # (the library that ships the kernel: "cuBLAS", "hipBLASLt", ...), the vendor where the
+    # name is vendor-specific, and whether ``tensor_cores`` is known
+    # (False with tensor_cores_known=False: the name cannot tell, e.g. a Triton template).
+    family: str | None = None
+    provider: str | None = None
+    vendor: str | None = None
+    tensor_cores_known: bool = True
+    # The dtype it ran in: the launching operator's recorded Input type where the trace has
+    # it (dtype_source "op input type"), else what the name states ("kernel name").
+    dtype: str | None = None
+    dtype_source: str = "unknown"
 
     @property
     def short_name(self) -> str:
@@ -143,10 +134,11 @@ class EligibleOp:
     kernel_us: float
     tensor_core_us: float
     top_kernel: str
+    unknown_us: float = 0.0  # calls whose kernels' names cannot tell
 
     @property
     def without_tensor_cores_us(self) -> float:
-        return self.kernel_us - self.tensor_core_us
+        return self.kernel_us - self.tensor_core_us - self.unknown_us
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = fields_json(self)
@@ -164,6 +156,9 @@ class TensorCoreUse:
     eligible_without_tensor_cores_us: float | None  # None: kernels could not be tied to ops
     eligible_ops: tuple[EligibleOp, ...] = ()
     linked_share: float = 0.0  # of compute kernel time tied to the operator that launched it
+    # Compute kernel time whose names cannot tell whether tensor cores ran (Triton
+    # templates, unknown kernels): counted in neither tensor_core_us nor "without".
+    unknown_us: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return fields_json(self)
@@ -181,6 +176,7 @@ class KernelColumns:
     sm_efficiency: F64
     blocks_per_sm: F64
     limited_by: list[tuple[str, ...]] = field(default_factory=list)
+    tensor_cores_unknown: np.ndarray | None = None  # bool per row: the name cannot tell
 
 
 def _device_for(devices: Sequence[DeviceProperties], device: int) -> DeviceProperties | None:
@@ -198,16 +194,16 @@ def launch_columns(
     names = events.names
     name_ids = events.name[rows]
     kinds = events.kind[rows]
-    cache_tc: dict[int, bool] = {}
     tensor = np.zeros(rows.size, dtype=bool)
-    for i in np.flatnonzero(kinds == Kind.KERNEL).tolist():
-        nid = int(name_ids[i])
-        tc = cache_tc.get(nid)
-        if tc is None:
-            tc = cache_tc[nid] = uses_tensor_cores(names[nid])
-        tensor[i] = tc
+    unknown = np.zeros(rows.size, dtype=bool)
+    kernel_idx = np.flatnonzero(kinds == Kind.KERNEL)
+    if kernel_idx.size:
+        uniq, inv = np.unique(name_ids[kernel_idx], return_inverse=True)
+        said = [classify_kernel(names[int(n)]).tensor_cores for n in uniq.tolist()]
+        tensor[kernel_idx] = np.array([t is True for t in said], dtype=bool)[inv]
+        unknown[kernel_idx] = np.array([t is None for t in said], dtype=bool)[inv]
     theo, achieved, sm_eff, per_sm, limited = _occupancy(events, rows, devices)
-    return KernelColumns(rows, categories, tensor, theo, achieved, sm_eff, per_sm, limited)
+    return KernelColumns(rows, categories, tensor, theo, achieved, sm_eff, per_sm, limited, unknown)
 
 
 def _occupancy(
@@ -301,9 +297,15 @@ def _weighted(values: F64, weights: F64) -> float | None:
 
 
 def kernel_table(
-    events: Events, cols: KernelColumns, launched_by: np.ndarray | None = None
+    events: Events,
+    cols: KernelColumns,
+    launched_by: np.ndarray | None = None,
+    op_dtypes: np.ndarray | None = None,
 ) -> tuple[KernelStats, ...]:
-    """Per-name statistics of the kernels (not memcpy/memset/sync) among ``cols.rows``."""
+    """Per-name statistics of the kernels (not memcpy/memset/sync) among ``cols.rows``.
+
+    ``launched_by`` / ``op_dtypes`` (aligned with ``cols.rows``): the launching operator's
+    name and the dtype its recorded Input type says (None where unknown)."""
     is_kernel = events.kind[cols.rows] == Kind.KERNEL
     rows = cols.rows[is_kernel]
     if rows.size == 0:
@@ -361,9 +363,20 @@ def kernel_table(
             known = [o for o in ops.tolist() if o]
             if known:
                 launcher = max(set(known), key=known.count)
+        op_dtype = None
+        if op_dtypes is not None:
+            by_dtype: dict[str, float] = {}
+            for d, us in zip(op_dtypes[sub[members]].tolist(), w.tolist(), strict=True):
+                if d:
+                    by_dtype[d] = by_dtype.get(d, 0.0) + us
+            if by_dtype:
+                op_dtype = max(by_dtype, key=by_dtype.__getitem__)
+        kname = events.names[int(uniq[g])]
+        said = classify_kernel(kname)
+        dtype, dtype_source = kernel_dtype(kname, op_dtype)
         out.append(
             KernelStats(
-                name=events.names[int(uniq[g])],
+                name=kname,
                 category=str(cats[members[0]]),
                 count=n,
                 total_us=float(total[g]),
@@ -384,6 +397,12 @@ def kernel_table(
                 occupancy_limited_by=limit,
                 launched_by=launcher,
                 short_calls=int(short[g]),
+                family=said.family,
+                provider=said.provider,
+                vendor=said.vendor,
+                tensor_cores_known=said.tensor_cores is not None,
+                dtype=dtype,
+                dtype_source=dtype_source,
             )
         )
     out.sort(key=lambda k: -k.total_us)
@@ -402,12 +421,17 @@ def tensor_core_use(
     dur = events.dur[cols.rows]
     compute_us = float(dur[compute].sum())
     tc_us = float(dur[compute & cols.tensor_cores].sum())
+    unknown_us = (
+        float(dur[compute & cols.tensor_cores_unknown].sum())
+        if cols.tensor_cores_unknown is not None
+        else 0.0
+    )
     share = tc_us / compute_us if compute_us > 0 else None
     linked = compute & (op_of_row >= 0)
     linked_us = float(dur[linked].sum())
     linked_share = linked_us / compute_us if compute_us > 0 else 0.0
     if linked_us <= 0:
-        return TensorCoreUse(share, tc_us, compute_us, None, (), linked_share)
+        return TensorCoreUse(share, tc_us, compute_us, None, (), linked_share, unknown_us)
     idx = np.flatnonzero(linked)
     # Per operator call: its kernels' time, and whether any of them used tensor cores.
     per_call: dict[int, list[Any]] = {}
@@ -416,23 +440,28 @@ def tensor_core_use(
         name = op_names[i] or "?"
         if not is_tensor_core_eligible_op(name):
             continue
-        entry = per_call.setdefault(op_row, [name, 0.0, 0.0, {}])
+        entry = per_call.setdefault(op_row, [name, 0.0, 0.0, {}, 0.0])
         d = float(dur[i])
         entry[1] += d
         if cols.tensor_cores[i]:
             entry[2] += d
+        elif cols.tensor_cores_unknown is not None and cols.tensor_cores_unknown[i]:
+            entry[4] += d
         kname = events.names[events.name[cols.rows[i]]]
         entry[3][kname] = entry[3].get(kname, 0.0) + d
     by_name: dict[str, list[Any]] = {}
     without = 0.0
-    for name, kernel_us, tc, kernels in per_call.values():
-        agg = by_name.setdefault(name, [0, 0.0, 0.0, {}])
+    for name, kernel_us, tc, kernels, unknown in per_call.values():
+        agg = by_name.setdefault(name, [0, 0.0, 0.0, {}, 0.0])
         agg[0] += 1
         agg[1] += kernel_us
         # A call that used tensor cores for its main kernel counts as using them, even if a
-        # small helper kernel (an offsets or bias kernel) did not.
+        # small helper kernel (an offsets or bias kernel) did not; one whose kernels' names
+        # cannot tell counts as unknown, not as "without".
         agg[2] += kernel_us if tc > 0 else 0.0
-        if tc <= 0:
+        if tc <= 0 and unknown > 0:
+            agg[4] += kernel_us
+        elif tc <= 0:
             without += kernel_us
         for k, v in kernels.items():
             agg[3][k] = agg[3].get(k, 0.0) + v
@@ -445,10 +474,11 @@ def tensor_core_use(
                     kernel_us=k_us,
                     tensor_core_us=t_us,
                     top_kernel=short_name(max(ks, key=ks.__getitem__)),
+                    unknown_us=u_us,
                 )
-                for name, (c, k_us, t_us, ks) in by_name.items()
+                for name, (c, k_us, t_us, ks, u_us) in by_name.items()
             ),
             key=lambda o: -o.without_tensor_cores_us,
         )
     )
-    return TensorCoreUse(share, tc_us, compute_us, without, ops, linked_share)
+    return TensorCoreUse(share, tc_us, compute_us, without, ops, linked_share, unknown_us)

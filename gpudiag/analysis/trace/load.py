@@ -8,6 +8,7 @@ one 300 MB string next to its decoded form.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -15,7 +16,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -55,22 +56,26 @@ _CPU_OP = int(Kind.CPU_OP)
 # the few costed operators: decoding them for every operator would cost time and memory, and
 # a Raw field never fails validation, so an odd value cannot push a block onto the slow path.
 _NO_RAW = msgspec.Raw()
+# Integer columns are int64: a value outside it (a corrupt or hostile file) fails the typed
+# decode, and the slow path drops it as "not recorded" instead of overflowing an array.
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+Int64 = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
 
 
 class _Args(msgspec.Struct, gc=False):
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_v1: int | None = msgspec.field(default=None, name="external id")
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
-    grid: list[int] | None = None
-    block: list[int] | None = None
-    registers_per_thread: int | None = msgspec.field(default=None, name="registers per thread")
-    shared_memory: int | None = msgspec.field(default=None, name="shared memory")
+    external_id: Int64 | None = msgspec.field(default=None, name="External id")
+    external_id_v1: Int64 | None = msgspec.field(default=None, name="external id")
+    correlation: Int64 | None = None
+    stream: Int64 | None = None
+    device: Int64 | None = None
+    grid: list[Int64] | None = None
+    block: list[Int64] | None = None
+    registers_per_thread: Int64 | None = msgspec.field(default=None, name="registers per thread")
+    shared_memory: Int64 | None = msgspec.field(default=None, name="shared memory")
     achieved_occupancy_pct: float | None = msgspec.field(
         default=None, name="est. achieved occupancy %"
     )
-    nbytes: int | None = msgspec.field(default=None, name="bytes")
+    nbytes: Int64 | None = msgspec.field(default=None, name="bytes")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
@@ -81,11 +86,13 @@ class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
     name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
+    pid: Int64 | str = 0
+    tid: Int64 | str = 0
     ts: float | None = None
     dur: float | None = None
     args: _Args | None = None
+    # Set by the slow path only; no trace writes this key.
+    beyond_int64: int = msgspec.field(default=0, name="__gpudiag_beyond_int64__")
 
 
 class _Tail(msgspec.Struct, gc=False):
@@ -99,13 +106,50 @@ class _Tail(msgspec.Struct, gc=False):
     displayTimeUnit: Any = None
 
 
+_BAD_UTF8 = "invalid UTF-8"
+_NO_DURATION = "no duration"
+_BEYOND_INT64 = "integer beyond int64"
+_NO_TIMESTAMP = "no timestamp"
+_NEGATIVE_DURATION = "negative duration"
+_NOT_A_DURATION = "non-numeric duration"
+_HUGE_DURATION = "duration over 11 days"
+# No profiled event lasts this long (11.6 days); a larger value is corruption, and squaring it
+# for a standard deviation would overflow.
+MAX_DURATION_US = 1e12
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 _TAIL_DECODER = msgspec.json.Decoder(_Tail)
 _ANY_DECODER = msgspec.json.Decoder()
 
 
+def _is_int64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and I64_MIN <= value <= I64_MAX
+
+
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(x, int) for x in value)
+    return isinstance(value, list) and all(_is_int64(x) for x in value)
+
+
+def _as_float(value: Any) -> float | None:
+    """A JSON number as a float; None for a non-number, nan for one too large for a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
+def _repair_utf8(text: bytes | bytearray) -> bytes:
+    return bytes(text).decode("utf-8", errors="replace").encode("utf-8")
+
+
+def _decode_utf8_safe(decoder: Any, text: bytes | bytearray, problems: Counter[str]) -> Any:
+    """``decoder.decode(text)``; bytes that are not UTF-8 are replaced (and counted)."""
+    try:
+        return decoder.decode(text)
+    except UnicodeDecodeError:
+        problems[_BAD_UTF8] += 1
+        return decoder.decode(_repair_utf8(text))
 
 
 def _raw(value: Any) -> msgspec.Raw:
@@ -150,7 +194,9 @@ def _op_inputs(a: _Args) -> OpInputs | None:
 
 
 def _loose_event(raw: Any) -> _Event | None:
-    """An event from an untyped dict, dropping fields of unexpected types (slow path)."""
+    """An event from an untyped dict, dropping fields of unexpected types (slow path);
+    integers dropped for being beyond int64 are counted in its ``beyond_int64``."""
+    dropped = 0
     if not isinstance(raw, dict):
         return None
 
@@ -158,12 +204,21 @@ def _loose_event(raw: Any) -> _Event | None:
         value = src.get(key)
         if isinstance(value, bool) or not isinstance(value, types):
             return None
+        if isinstance(value, int) and not I64_MIN <= value <= I64_MAX:
+            nonlocal dropped
+            dropped += 1
+            return None
         return value
 
     args = raw.get("args")
     parsed_args = None
     if isinstance(args, dict):
         grid, block = args.get("grid"), args.get("block")
+        for dims in (grid, block):
+            if isinstance(dims, list) and any(
+                isinstance(x, int) and not isinstance(x, bool) and not _is_int64(x) for x in dims
+            ):
+                dropped += 1
         parsed_args = _Args(
             external_id=pick(args, "External id", (int,)),
             external_id_v1=pick(args, "external id", (int,)),
@@ -182,7 +237,10 @@ def _loose_event(raw: Any) -> _Event | None:
             parsed_args.input_dims = _raw(args.get("Input Dims"))
             parsed_args.input_type = _raw(args.get("Input type"))
             parsed_args.concrete_inputs = _raw(args.get("Concrete Inputs"))
-    ts, dur = pick(raw, "ts", (int, float)), pick(raw, "dur", (int, float))
+    ts = _as_float(raw.get("ts"))
+    dur = _as_float(raw.get("dur"))
+    if dur is None and "dur" in raw:
+        dur = math.nan  # present but not a number: counted as a bad duration, not "missing"
     pid, tid = pick(raw, "pid", (int, str)), pick(raw, "tid", (int, str))
     return _Event(
         ph=str(raw.get("ph", "")),
@@ -190,20 +248,33 @@ def _loose_event(raw: Any) -> _Event | None:
         name=str(raw.get("name", "")),
         pid=0 if pid is None else pid,
         tid=0 if tid is None else tid,
-        ts=None if ts is None else float(ts),
-        dur=None if dur is None else float(dur),
+        ts=None if ts is None or not math.isfinite(ts) else ts,
+        dur=dur,
         args=parsed_args,
+        beyond_int64=dropped,
     )
 
 
-def _decode_events(text: bytes | bytearray) -> list[_Event]:
+def _loose_events(raws: Any, problems: Counter[str]) -> list[_Event]:
+    """Events from a decoded JSON list by the slow path (non-events are skipped)."""
+    if not isinstance(raws, list):
+        return []
+    events = [e for raw in raws if (e := _loose_event(raw)) is not None]
+    dropped = sum(e.beyond_int64 for e in events)
+    if dropped:
+        problems[_BEYOND_INT64] += dropped
+    return events
+
+
+def _decode_events(text: bytes | bytearray, problems: Counter[str]) -> list[_Event]:
     """Decode a JSON array of events; ``msgspec.DecodeError`` if it is not valid JSON."""
     try:
-        return _EVENTS_DECODER.decode(text)
+        events: list[_Event] = _decode_utf8_safe(_EVENTS_DECODER, text, problems)
+        return events
     except msgspec.ValidationError:
-        # Valid JSON, unexpected types somewhere (a string stream id, a float id, ...).
-        loose = _ANY_DECODER.decode(text)
-        return [e for raw in loose if (e := _loose_event(raw)) is not None]
+        # Valid JSON, unexpected types somewhere (a string stream id, a float id, an
+        # integer beyond int64, ...).
+        return _loose_events(_decode_utf8_safe(_ANY_DECODER, text, problems), problems)
 
 
 class _Columns:
@@ -227,6 +298,9 @@ class _Columns:
         # The same layer records the same inputs every step: one shared record per spelling.
         self._seen_inputs: dict[tuple[bytes, bytes, bytes], OpInputs | None] = {}
         self.unknown: Counter[str] = Counter()
+        # What was wrong with the file but could be read around (the report's notes say it).
+        self.problems: Counter[str] = Counter()
+        self.bad_duration_example: str | None = None
         self.blocks = array("q")
         self.threads_per_block = array("q")
         self.registers = array("q")
@@ -253,7 +327,7 @@ class _Columns:
         if len(xs) != len(complete):
             missing = sum(1 for e in complete if e.ts is None)
             if missing:
-                self.unknown["X event without ts"] += missing
+                self.problems[_NO_TIMESTAMP] += missing
         if not xs:
             return
         first_row = len(self.ts)
@@ -268,7 +342,12 @@ class _Columns:
         self.name.fromlist([names.setdefault(e.name, len(names)) for e in xs])
         self.thread.fromlist([threads.setdefault((e.pid, e.tid), len(threads)) for e in xs])
         self.ts.fromlist([e.ts for e in xs])  # type: ignore[misc]
-        self.dur.fromlist([e.dur if e.dur is not None and e.dur > 0 else 0.0 for e in xs])
+        durs = [e.dur for e in xs]
+        top = MAX_DURATION_US
+        self.dur.fromlist([d if d is not None and 0.0 < d <= top else 0.0 for d in durs])
+        bad = [i for i, d in enumerate(durs) if d is None or not 0.0 <= d <= top]
+        if bad:
+            self._count_bad_durations(xs, durs, bad)
         args = [e.args for e in xs]
         self.correlation.fromlist(
             [-1 if a is None or a.correlation is None else a.correlation for a in args]
@@ -315,12 +394,34 @@ class _Columns:
             if inputs is not None:
                 self.inputs[first_row + i] = inputs
 
+    def _count_bad_durations(
+        self, xs: list[_Event], durs: list[float | None], bad: list[int]
+    ) -> None:
+        for i in bad:
+            d = durs[i]
+            reason = (
+                _NO_DURATION
+                if d is None
+                else _NEGATIVE_DURATION
+                if d < 0
+                else _HUGE_DURATION
+                if d > MAX_DURATION_US
+                else _NOT_A_DURATION
+            )
+            self.problems[reason] += 1
+        if self.bad_duration_example is None:
+            e = xs[bad[0]]
+            shown = "missing" if durs[bad[0]] is None else f"{durs[bad[0]]!r}"
+            self.bad_duration_example = f"{e.cat or '?'} {e.name[:60]!r} dur={shown}"
+
     def _add_gpu(self, e: _Event, a: _Args, kind: int) -> tuple[int, int, int]:
         """(stream, device, launch-table row) of a GPU event; records its launch arguments."""
         stream = a.stream
         if stream is None:
             m = _STREAM_TID.match(str(e.tid))
             stream = int(m.group(1)) if m else (e.tid if isinstance(e.tid, int) else -1)
+            if not I64_MIN <= stream <= I64_MAX:
+                stream = -1
         device = a.device if a.device is not None else (e.pid if isinstance(e.pid, int) else -1)
         if kind == Kind.GPU_SYNC or kind == Kind.GPU_ANNOTATION:
             return stream, device, -1
@@ -329,8 +430,8 @@ class _Columns:
         block = tuple(a.block[:3]) if a.block and len(a.block) >= 3 else None
         self.grid.append(grid)  # type: ignore[arg-type]
         self.block.append(block)  # type: ignore[arg-type]
-        self.blocks.append(grid[0] * grid[1] * grid[2] if grid else -1)
-        self.threads_per_block.append(block[0] * block[1] * block[2] if block else -1)
+        self.blocks.append(_product(grid))
+        self.threads_per_block.append(_product(block))
         self.registers.append(-1 if a.registers_per_thread is None else a.registers_per_thread)
         self.smem.append(-1 if a.shared_memory is None else a.shared_memory)
         self.nbytes.append(-1 if a.nbytes is None else a.nbytes)
@@ -376,6 +477,14 @@ class _Columns:
             stacks=dict(self.stacks),
             inputs=dict(self.inputs),
         )
+
+
+def _product(dims: tuple[int, ...] | None) -> int:
+    """grid/block x*y*z, or -1 when not recorded, negative or beyond int64."""
+    if not dims or min(dims) < 0:
+        return -1
+    n = dims[0] * dims[1] * dims[2]
+    return n if n <= I64_MAX else -1
 
 
 def _blocks(path: Path) -> Iterator[bytes]:
@@ -446,9 +555,11 @@ def _json_error(path: Path, exc: Exception, offset: int) -> TraceError:
     )
 
 
-def _decode_metadata(path: Path, text: bytes, offset: int) -> dict[str, Any]:
+def _decode_metadata(
+    path: Path, text: bytes, offset: int, problems: Counter[str]
+) -> dict[str, Any]:
     try:
-        value = _ANY_DECODER.decode(text)
+        value = _decode_utf8_safe(_ANY_DECODER, text, problems)
     except msgspec.DecodeError as exc:
         raise _json_error(path, exc, offset) from None
     if not isinstance(value, dict):
@@ -456,24 +567,81 @@ def _decode_metadata(path: Path, text: bytes, offset: int) -> dict[str, Any]:
     return value
 
 
+_MEMORY_TIMELINE = (
+    "a torch.profiler memory timeline (export_memory_timeline's output: bytes per category "
+    "over time), not a Kineto trace; gpudiag's trace analysis does not read it. Pass the "
+    "trace that export_chrome_trace or tensorboard_trace_handler wrote in the same run"
+)
+_EXECUTION_TRACE = (
+    "a PyTorch execution trace (Chakra / ExecutionTraceObserver: the operator graph, without "
+    "kernel timings), not a Kineto trace. Pass the Kineto trace recorded alongside it "
+    "(torch.profiler's export_chrome_trace or tensorboard_trace_handler)"
+)
+_ROCPROFILER = (
+    "a rocprofiler-sdk (rocprofv3) JSON file, not a Kineto trace. Profile with "
+    "torch.profiler on ROCm (it records HIP kernels into a Kineto trace), or export "
+    "rocprofv3's output with --output-format pftrace for Perfetto"
+)
+
+
+def _check_encoding(p: Path, first: bytes) -> bytes:
+    """The first block without a UTF-8 byte-order mark; a TraceError for UTF-16/32."""
+    if first.startswith(b"\xef\xbb\xbf"):
+        return first[3:]
+    if first.startswith((b"\xff\xfe", b"\xfe\xff")) or first[:2].count(b"\0") == 1:
+        raise TraceError(
+            f"{p} is UTF-16/32 text (it was re-saved by an editor or a tool); torch.profiler "
+            "writes UTF-8. Re-export the trace, or convert it: iconv -f UTF-16 -t UTF-8."
+        )
+    return first
+
+
+def _not_kineto(metadata: Mapping[str, Any]) -> str | None:
+    """What a JSON object without trace events is, when it is a known other format."""
+    if "rocprofiler-sdk-tool" in metadata:
+        return _ROCPROFILER
+    if isinstance(metadata.get("nodes"), list) and "schema" in metadata:
+        return _EXECUTION_TRACE
+    return None
+
+
 def read_events(path: str | os.PathLike[str]) -> tuple[Events, dict[str, Any], int]:
     """Decode one trace file: its events (columnar), its metadata, its size in bytes.
 
-    Raises ``TraceError`` for a missing, corrupt, truncated or non-JSON file.
+    Raises ``TraceError`` for a missing, corrupt, truncated, non-JSON or too deeply nested
+    file, and for JSON files that are another format (a memory timeline, an execution trace,
+    rocprofiler output). Bytes that are not UTF-8, integers beyond int64 and invalid
+    durations are read around and listed in ``metadata["_load_notes"]``.
     """
     p = Path(path)
+    try:
+        return _read_events(p)
+    except RecursionError:
+        raise TraceError(
+            f"{p} nests JSON arrays or objects deeper than the decoder allows: torch.profiler "
+            "never writes that, so the file is corrupt or not a profiler trace."
+        ) from None
+
+
+def _read_events(p: Path) -> tuple[Events, dict[str, Any], int]:
     columns = _Columns()
     metadata: dict[str, Any] = {}
     buf = b""
     head: bytes | None = None
     top_level_list = False
     consumed = 0  # bytes of decompressed text already decoded, for error offsets
+    first = True
     try:
         for block in _blocks(p):
+            if first:
+                block = _check_encoding(p, block)
+                first = False
             buf = buf + block if buf else block
             if head is None:
                 stripped = buf.lstrip()
                 if stripped.startswith(b"["):
+                    if stripped[1:].lstrip()[:1] in (b"[", b"-") or stripped[1:2].isdigit():
+                        raise TraceError(f"{p} is {_MEMORY_TIMELINE}.")
                     top_level_list = True
                     head = b""
                     consumed += len(buf) - len(stripped) + 1
@@ -491,29 +659,39 @@ def read_events(path: str | os.PathLike[str]) -> tuple[Events, dict[str, Any], i
     except MemoryError:
         raise TraceError(f"{p} is too large to decode in this process's memory.") from None
 
+    if first:
+        raise TraceError(f"{p} is empty: no JSON in it (the export did not happen or was cut).")
     if head is None:
         # No event list found while streaming: a metadata-only file, or an odd layout.
-        metadata = _decode_metadata(p, buf, consumed)
+        metadata = _decode_metadata(p, buf, consumed, columns.problems)
+        other = _not_kineto(metadata)
+        if other is not None:
+            raise TraceError(f"{p} is {other}.")
         events = metadata.pop("traceEvents", None)
+        if events is not None and not isinstance(events, list):
+            raise TraceError(
+                f"{p}: traceEvents is a JSON {type(events).__name__}, not a list of events; "
+                "the file is not a Kineto trace or was edited."
+            )
         if isinstance(events, list):
-            columns.add([e for raw in events if (e := _loose_event(raw)) is not None])
+            columns.add(_loose_events(events, columns.problems))
     else:
         if top_level_list:
             try:
-                columns.add(_decode_events(b"[" + buf))
+                columns.add(_decode_events(b"[" + buf, columns.problems))
             except msgspec.DecodeError as exc:
                 raise _json_error(p, exc, consumed) from None
         else:
-            metadata.update(_decode_metadata(p, head + b"]}", 0))
+            metadata.update(_decode_metadata(p, head + b"]}", 0, columns.problems))
             metadata.pop("traceEvents", None)
             text = b'{"traceEvents":[' + buf
             try:
-                tail = _TAIL_DECODER.decode(text)
+                tail = _decode_utf8_safe(_TAIL_DECODER, text, columns.problems)
             except msgspec.ValidationError:
-                loose = _decode_metadata(p, text, consumed)
+                loose = _decode_metadata(p, text, consumed, columns.problems)
                 raw_events = loose.pop("traceEvents", [])
                 metadata.update(loose)
-                columns.add([e for raw in raw_events if (e := _loose_event(raw)) is not None])
+                columns.add(_loose_events(raw_events, columns.problems))
             except msgspec.DecodeError as exc:
                 raise _json_error(p, exc, consumed) from None
             else:
@@ -524,8 +702,46 @@ def read_events(path: str | os.PathLike[str]) -> tuple[Events, dict[str, Any], i
                         metadata[key] = value
     if columns.unknown:
         metadata.setdefault("_unknown", dict(columns.unknown))
+    notes = _load_notes(columns)
+    if notes:
+        metadata["_load_notes"] = notes
     size = p.stat().st_size
     return columns.freeze(), metadata, size
+
+
+def _load_notes(columns: _Columns) -> list[str]:
+    """What was wrong in the file and how it was read around, for the report's notes."""
+    notes = []
+    problems = columns.problems
+    if problems[_BAD_UTF8]:
+        notes.append(
+            "the file holds bytes that are not valid UTF-8: they were replaced with U+FFFD, "
+            "so some names may read oddly (the file was probably corrupted or edited)."
+        )
+    if problems[_NO_TIMESTAMP]:
+        notes.append(
+            f"{problems[_NO_TIMESTAMP]:,} complete events have no usable timestamp (missing, "
+            "not a number, or beyond a float's range): they are left out, so the time they "
+            "took is not counted anywhere."
+        )
+    if problems[_BEYOND_INT64]:
+        notes.append(
+            f"{problems[_BEYOND_INT64]:,} integer fields (ids, streams, grid sizes, ...) are "
+            "beyond the 64-bit range Kineto writes: they were read as not recorded, so the "
+            "events they belong to may not be tied to their launches."
+        )
+    bad = {
+        k: problems[k] for k in (_NEGATIVE_DURATION, _NOT_A_DURATION, _HUGE_DURATION, _NO_DURATION)
+    }
+    if any(bad.values()):
+        listed = ", ".join(f"{n:,} with {k}" for k, n in bad.items() if n)
+        notes.append(
+            f"events with an invalid duration ({listed}; first: "
+            f"{columns.bad_duration_example}) were counted as taking 0 us: times that "
+            "include them are too low. torch.profiler writes a non-negative number for every "
+            "complete event, so the file was probably edited or corrupted."
+        )
+    return notes
 
 
 def _decode_complete_events(buf: bytes, columns: _Columns) -> tuple[bytes, int]:
@@ -544,7 +760,7 @@ def _decode_complete_events(buf: bytes, columns: _Columns) -> tuple[bytes, int]:
             continue
         cut = last.start() + 1
         try:
-            events = _decode_events(b"[" + buf[:cut] + b"]")
+            events = _decode_events(b"[" + buf[:cut] + b"]", columns.problems)
         except msgspec.DecodeError:
             tries += 1
             end = last.start()
@@ -555,15 +771,34 @@ def _decode_complete_events(buf: bytes, columns: _Columns) -> tuple[bytes, int]:
     return buf, 0
 
 
-def _rank_of(metadata: Mapping[str, Any]) -> tuple[int | None, int | None]:
+# More ranks than any job has run with: a world size above it is a corrupt field, and
+# nothing may be allocated by it.
+MAX_WORLD_SIZE = 1 << 20
+
+
+def _rank_of(metadata: Mapping[str, Any]) -> tuple[int | None, int | None, list[str]]:
+    """distributedInfo's rank and world size, each None when absent or implausible (with a
+    note saying why)."""
     info = metadata.get("distributedInfo")
     if not isinstance(info, dict):
-        return None, None
+        return None, None, []
+    notes: list[str] = []
     rank, world = info.get("rank"), info.get("world_size")
-    return (
-        rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
-        world if isinstance(world, int) and not isinstance(world, bool) else None,
-    )
+    if world is not None and not (_is_int64(world) and 1 <= world <= MAX_WORLD_SIZE):
+        notes.append(
+            f"distributedInfo.world_size is {str(world)[:40]!s}, not a world size (an integer "
+            f"from 1 to {MAX_WORLD_SIZE:,}): ignored, so missing ranks cannot be told."
+        )
+        world = None
+    if rank is not None and not (
+        _is_int64(rank) and 0 <= rank < (world if world is not None else MAX_WORLD_SIZE)
+    ):
+        notes.append(
+            f"distributedInfo.rank is {str(rank)[:40]!s}, not a rank of this job: ignored "
+            "(ranks are given by file order)."
+        )
+        rank = None
+    return rank, world, notes
 
 
 def load_trace(path: str | os.PathLike[str]) -> RankTrace:
@@ -576,7 +811,8 @@ def load_trace(path: str | os.PathLike[str]) -> RankTrace:
         if isinstance(row, dict)
     )
     unknown = metadata.pop("_unknown", {})
-    rank, world = _rank_of(metadata)
+    load_notes = tuple(metadata.pop("_load_notes", ()))
+    rank, world, rank_notes = _rank_of(metadata)
     return RankTrace(
         path=str(path),
         rank=rank,
@@ -586,4 +822,5 @@ def load_trace(path: str | os.PathLike[str]) -> RankTrace:
         metadata={k: v for k, v in metadata.items() if k != "deviceProperties"},
         unknown_event_types=unknown,
         file_bytes=size,
+        load_notes=load_notes + tuple(rank_notes),
     )

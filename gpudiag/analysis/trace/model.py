@@ -88,8 +88,11 @@ class DeviceProperties:
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> DeviceProperties:
         def num(key: str) -> int | None:
+            # A negative, non-finite or absurd figure (a corrupt file) is "not recorded".
             value = row.get(key)
-            return int(value) if isinstance(value, (int, float)) else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return None
+            return int(value) if 0 <= value <= 1 << 53 else None
 
         major, minor = num("computeMajor"), num("computeMinor")
         return cls(
@@ -200,6 +203,7 @@ class RankTrace:
     metadata: Mapping[str, Any]
     unknown_event_types: Mapping[str, int]  # "ph/cat" -> count, for the report's notes
     file_bytes: int
+    load_notes: tuple[str, ...] = ()  # what was wrong in the file and how it was read around
 
 
 # Host calls that block the CPU until the GPU catches up (CUDA runtime names).

@@ -172,6 +172,12 @@ def _pooled(stats: list[KernelStats]) -> KernelStats:
         occupancy_limited_by=first.occupancy_limited_by,
         launched_by=first.launched_by,
         short_calls=sum(k.short_calls for k in stats),
+        family=first.family,
+        provider=first.provider,
+        vendor=first.vendor,
+        tensor_cores_known=first.tensor_cores_known,
+        dtype=first.dtype,
+        dtype_source=first.dtype_source,
     )
 
 
