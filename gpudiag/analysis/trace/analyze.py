@@ -31,7 +31,7 @@ from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.load import load_trace
 from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
 from gpudiag.analysis.trace.nesting import nest
-from gpudiag.analysis.trace.ranks import stragglers, summarize
+from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
 from gpudiag.analysis.trace.shapes import shaped_ops
 from gpudiag.analysis.trace.steps import dataloader_share, step_reports
@@ -246,6 +246,7 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
                 "Make sure the profiled code ran inside the schedule's active steps and that "
                 "prof.step() is called once per step."
             )
+    check_one_job(traces)
     ranks, notes = _assign_ranks(traces)
     reports = sorted(
         (

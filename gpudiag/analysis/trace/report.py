@@ -15,7 +15,7 @@ from gpudiag.analysis.trace.cpu_ops import CpuOpStats
 from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
 from gpudiag.analysis.trace.launches import LaunchStats
 from gpudiag.analysis.trace.model import DeviceProperties
-from gpudiag.analysis.trace.ranks import RankSummary
+from gpudiag.analysis.trace.ranks import CommOverlap, RankSummary, comm_overlap, pooled_overlap
 from gpudiag.analysis.trace.shapes import GemmShape, ShapedOp, gemm_shapes
 from gpudiag.analysis.trace.steps import StepReport
 from gpudiag.analysis.trace.syncs import SyncEvent, SyncSite
@@ -276,7 +276,26 @@ class TraceReport:
         return self.rank(rank).launches
 
     def comm_compute_overlap(self, rank: int | None = None) -> float | None:
+        """Share of communication time overlapped by compute on one rank (``None``: the
+        first); ``communication()`` pools the ranks."""
         return self.rank(rank).comm_compute_overlap
+
+    def communication_by_rank(self) -> tuple[CommOverlap, ...]:
+        """Total, overlapped and exposed communication of each rank with GPU events."""
+        return tuple(
+            comm_overlap(r.rank, r.breakdown, r.busy_by_category_set)
+            for r in self.ranks
+            if r.breakdown is not None
+        )
+
+    def communication(self, rank: int | None = None) -> CommOverlap | None:
+        """Communication of one rank, or of every rank pooled (``rank=None``, microseconds
+        added over the ranks); None without GPU events."""
+        rows = self.communication_by_rank()
+        if rank is not None:
+            self.rank(rank)  # a TraceError naming the known ranks
+            rows = tuple(r for r in rows if r.rank == rank)
+        return pooled_overlap(rows)
 
     def shaped_ops(self, rank: int | None = None) -> tuple[ShapedOp, ...]:
         """Matmul, convolution and attention calls with their recorded input shapes (the
@@ -334,6 +353,10 @@ class TraceReport:
             "dataloader_share": jsonable(self.dataloader_share),
             "tensor_core_share": jsonable(self.tensor_core_share),
             "gemm_shapes": [g.to_dict() for g in self.gemm_shapes()],
+            "communication": {
+                "pooled": c.to_dict() if (c := self.communication()) is not None else None,
+                "by_rank": [r.to_dict() for r in self.communication_by_rank()],
+            },
             "comparison": [c.to_dict() for c in self.comparison],
             "stragglers": list(self.stragglers),
             "missing_ranks": list(self.missing_ranks),

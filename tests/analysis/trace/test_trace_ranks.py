@@ -1,0 +1,82 @@
+"""Several ranks of one job: communication overlap per rank and pooled, and two jobs refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpudiag.analysis.trace import TraceReport, analyze_trace
+from gpudiag.errors import TraceError
+from gpudiag.rules.engine import EvidenceBundle, run_rules
+from tests.analysis.trace.conftest import A100, A100_CONTROL, V100_TEST, TraceBuilder
+
+DLRM_8_RANKS = "param-dlrm-8rank-v100"
+
+_CACHE: dict[str, TraceReport] = {}
+
+
+def _report(traces_dir: Path, name: str) -> TraceReport:
+    if name not in _CACHE:
+        _CACHE[name] = analyze_trace(traces_dir / name)
+    return _CACHE[name]
+
+
+def test_overlap_per_rank_and_pooled_on_the_8_rank_v100_job(traces_dir: Path) -> None:
+    report = _report(traces_dir, DLRM_8_RANKS)
+    rows = report.communication_by_rank()
+    assert [r.rank for r in rows] == list(range(8))
+    pooled = report.communication()
+    assert pooled is not None
+    assert pooled.rank is None
+    assert pooled.ranks == 8
+    assert pooled.label == "8 ranks pooled"
+    assert pooled.total_us == pytest.approx(sum(r.total_us for r in rows))
+    assert pooled.exposed_us == pytest.approx(sum(r.exposed_us for r in rows))
+    for r in rows:  # exposed = total x (1 - overlap), on every rank
+        assert r.overlap is not None
+        assert r.total_share is not None
+        assert r.total_share * (1 - r.overlap) == pytest.approx(r.exposed_share)
+        assert report.communication(r.rank) == r
+    # The ranks differ a lot: rank 0's figure is not the job's.
+    shares = sorted(r.exposed_share or 0.0 for r in rows)
+    assert shares[-1] > 2 * shares[0]
+    rank0 = report.communication(0)
+    assert rank0 is not None
+    assert rank0.exposed_share != pytest.approx(pooled.exposed_share)
+
+
+def test_exposed_finding_on_8_ranks_is_labelled_pooled(traces_dir: Path) -> None:
+    report = _report(traces_dir, DLRM_8_RANKS)
+    diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["comm.exposed"])
+    (finding,) = diagnosis.findings
+    pooled = report.communication()
+    assert pooled is not None
+    values = {e.name: e.value for e in finding.evidence}
+    assert values["exposed communication (8 ranks pooled)"] == pytest.approx(
+        round(100 * (pooled.exposed_share or 0), 1)
+    )
+    assert finding.estimated_gain == pytest.approx(pooled.exposed_share)
+    assert "8 ranks pooled" in finding.message
+    most = max(report.communication_by_rank(), key=lambda r: r.exposed_share or 0.0)
+    assert values["exposed communication, most exposed rank"].endswith(f"(rank {most.rank})")
+
+
+def test_two_unrelated_jobs_are_refused(traces_dir: Path) -> None:
+    with pytest.raises(TraceError, match="different jobs"):
+        analyze_trace([traces_dir / A100_CONTROL, traces_dir / V100_TEST])
+
+
+def test_same_world_size_on_different_gpus_is_refused(tmp_path: Path) -> None:
+    h100 = {**A100, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9}
+    paths = []
+    for rank, gpu in enumerate((A100, h100)):
+        tb = TraceBuilder()
+        tb.launch(ts=0, start=5, dur=100)
+        doc_path = tmp_path / f"rank{rank}.json"
+        tb.write(doc_path, distributedInfo={"rank": rank, "world_size": 2}, deviceProperties=[gpu])
+        paths.append(doc_path)
+    with pytest.raises(TraceError, match="different GPU models") as info:
+        analyze_trace(paths)
+    assert "H100" in str(info.value)
+    assert "A100" in str(info.value)
