@@ -18,6 +18,7 @@ from gpudiag.analysis.trace.breakdown import (
     stream_idle,
     temporal,
 )
+from gpudiag.analysis.trace.collectives import rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
@@ -157,6 +158,9 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
 
+    collectives, collective_notes = rank_collectives(
+        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
+    )
     return RankReport(
         rank=rank,
         path=trace.path,
@@ -182,6 +186,8 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         notes=tuple(notes),
         metadata=trace.metadata,
         shaped_ops=shaped,
+        collectives=collectives,
+        collective_notes=collective_notes,
     )
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpudiag.analysis.costed_ops import COSTED_OPS
 from gpudiag.analysis.trace.model import (
+    COMM_ANNOTATION,
     IGNORED_CATEGORIES,
     KIND_OF_CATEGORY,
     STEP_PREFIX,
@@ -51,6 +52,7 @@ _OTHER = int(Kind.OTHER)
 _KERNEL = int(Kind.KERNEL)
 _KNOWN_PHASES = frozenset({"s", "f", "t", "i", "I", "C"})  # flows, instants, counters
 _CPU_OP = int(Kind.CPU_OP)
+_ANNOTATION = int(Kind.ANNOTATION)
 # Input lists stay undecoded JSON (a slice of the block) until the event proves to be one of
 # the few costed operators: decoding them for every operator would cost time and memory, and
 # a Raw field never fails validation, so an odd value cannot push a block onto the slow path.
@@ -149,6 +151,15 @@ def _op_inputs(a: _Args) -> OpInputs | None:
     )
 
 
+def _is_comm(name: str) -> bool:
+    return ":" in name[:6] and COMM_ANNOTATION.fullmatch(name) is not None
+
+
+def _keeps_inputs(name: str) -> bool:
+    """Operators whose recorded inputs are kept: costed ones and collective ranges."""
+    return name in COSTED_OPS or _is_comm(name)
+
+
 def _loose_event(raw: Any) -> _Event | None:
     """An event from an untyped dict, dropping fields of unexpected types (slow path)."""
     if not isinstance(raw, dict):
@@ -178,7 +189,7 @@ def _loose_event(raw: Any) -> _Event | None:
             nbytes=pick(args, "bytes", (int,)),
             call_stack=pick(args, "Call stack", (str,)),
         )
-        if raw.get("name") in COSTED_OPS:
+        if _keeps_inputs(str(raw.get("name", ""))):
             parsed_args.input_dims = _raw(args.get("Input Dims"))
             parsed_args.input_type = _raw(args.get("Input type"))
             parsed_args.concrete_inputs = _raw(args.get("Concrete Inputs"))
@@ -303,9 +314,9 @@ class _Columns:
                 if name in SYNC_RUNTIME_NAMES or name in SYNC_CONTEXT_OPS:
                     self.stacks[first_row + i] = a.call_stack
         costed, seen = COSTED_OPS, self._seen_inputs
-        for i in [i for i, e in enumerate(xs) if e.name in costed]:
+        for i in [i for i, e in enumerate(xs) if e.name in costed or _is_comm(e.name)]:
             a = args[i]
-            if a is None or kinds[i] != _CPU_OP:
+            if a is None or kinds[i] not in (_CPU_OP, _ANNOTATION):
                 continue
             key = (bytes(a.input_dims), bytes(a.input_type), bytes(a.concrete_inputs))
             if key in seen:

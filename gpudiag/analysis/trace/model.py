@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,11 @@ KIND_OF_CATEGORY: dict[str, Kind] = {
     "cuda_sync": Kind.GPU_SYNC,
     "gpu_user_annotation": Kind.GPU_ANNOTATION,
 }
+# ``record_function`` ranges torch.distributed opens around a collective ("nccl:all_reduce",
+# "gloo:all_gather"): the loader keeps their recorded inputs (the message), and the collective
+# analysis reads them. For gloo the range is the collective's execution on its worker thread.
+COMM_ANNOTATION = re.compile(r"(nccl|gloo|ucc|mpi|xccl|rccl):([A-Za-z_]+)")
+
 # Categories that are known and deliberately not analysed (not "unknown event types").
 IGNORED_CATEGORIES: frozenset[str] = frozenset(
     {"Trace", "ac2g", "async", "fwdbwd", "async_cpu_to_gpu", "cuda_profiler_range"}
@@ -174,6 +180,7 @@ class Events:
     launches: LaunchTable
     stacks: Mapping[int, str]  # event row -> "Call stack" arg, kept for sync events only
     # event row -> input shapes, for the few operators the roofline can cost (COSTED_OPS)
+    # and the collective ranges (COMM_ANNOTATION)
     inputs: Mapping[int, OpInputs] = field(default_factory=dict)
 
     def __len__(self) -> int:

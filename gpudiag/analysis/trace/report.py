@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.trace.breakdown import StreamIdle, TimeBreakdown
+from gpudiag.analysis.trace.collectives import (
+    CollectiveCall,
+    CollectiveReport,
+    match_collectives,
+)
 from gpudiag.analysis.trace.cpu_ops import CpuOpStats
 from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
 from gpudiag.analysis.trace.launches import LaunchStats
@@ -78,6 +83,9 @@ class RankReport:
     notes: tuple[str, ...]
     metadata: Mapping[str, Any]
     shaped_ops: tuple[ShapedOp, ...] = ()  # outermost matmul/conv/attention calls in the window
+    # collective calls over the whole trace (not only the window), and what was left out
+    collectives: tuple[CollectiveCall, ...] = ()
+    collective_notes: tuple[str, ...] = ()
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -279,6 +287,24 @@ class TraceReport:
         """Share of communication time overlapped by compute on one rank (``None``: the
         first); ``communication()`` pools the ranks."""
         return self.rank(rank).comm_compute_overlap
+
+    def collectives(self) -> CollectiveReport:
+        """Every collective call matched across the ranks: duration, the rank that arrived
+        last, start-time skew, wait per rank, NCCL algorithm and bus bandwidth (see
+        ``gpudiag.analysis.trace.collectives``)."""
+        notes = [
+            (f"rank {r.rank}: " if len(self.ranks) > 1 else "") + n
+            for r in self.ranks
+            for n in r.collective_notes
+        ]
+        hosts = {r.rank: str(r.metadata.get("host_name") or "") for r in self.ranks}
+        return match_collectives(
+            {r.rank: r.collectives for r in self.ranks},
+            world_size=self.ranks[0].world_size,
+            bases={r.rank: r.metadata.get("baseTimeNanoseconds") for r in self.ranks},
+            hosts={k: v for k, v in hosts.items() if v},
+            notes=notes,
+        )
 
     def communication_by_rank(self) -> tuple[CommOverlap, ...]:
         """Total, overlapped and exposed communication of each rank with GPU events."""
