@@ -317,14 +317,63 @@ class Recipe(BaseModel):
         script: str = "train.py",
         *,
         nproc_per_node: int | str = "gpu",
+        nnodes: int | str = 1,
+        rdzv_endpoint: str | None = None,
+        rdzv_id: str | None = None,
         args: Sequence[str] = (),
     ) -> str:
-        """A launch line with the recipe's environment: ``NAME=value torchrun ... script``."""
-        env = " ".join(f"{k}={env_value(v)}" for k, v in self.env_vars().items())
-        cmd = f"torchrun --standalone --nproc_per_node={nproc_per_node} {shlex.quote(script)}"
-        if args:
-            cmd += " " + " ".join(shlex.quote(a) for a in args)
-        return f"{env} {cmd}" if env else cmd
+        """A launch line with the recipe's environment: ``NAME=value torchrun ... script``.
+
+        One node: ``torchrun --standalone``. Several (``nnodes=2`` or elastic ``"1:4"``): a c10d
+        rendezvous at ``rdzv_endpoint`` (default ``$MASTER_ADDR:29500``, expanded by the shell
+        on each node); run the line on every node. Values are checked or shell-quoted; a value
+        that cannot be made safe is a RecipeError.
+        """
+        from gpudiag.recipe.launch import torchrun_command
+
+        return torchrun_command(
+            self.env_vars(),
+            script,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            args=args,
+        )
+
+    def slurm_script(
+        self,
+        script: str = "train.py",
+        *,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        cpus_per_task: int | None = None,
+        job_name: str = "gpudiag-train",
+        partition: str | None = None,
+        time: str | None = None,
+        port: int = 29500,
+        args: Sequence[str] = (),
+    ) -> str:
+        """A SLURM batch script (``sbatch job.sh``): ``nodes`` nodes, one task per node running
+        ``torchrun`` with ``gpus_per_node`` ranks, the first node as rendezvous host, the
+        recipe's environment exported. Values are checked or shell-quoted."""
+        from gpudiag.recipe.launch import slurm_script
+
+        summary = [f"gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
+        summary += [f"  {f.fix().label}" for f in self.fixes]
+        return slurm_script(
+            self.env_vars(),
+            script,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task,
+            job_name=job_name,
+            partition=partition,
+            time=time,
+            port=port,
+            args=args,
+            comment="\n".join(summary),
+        )
 
     def to_python(self, path: str = "recipe.yaml") -> str:
         """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent."""
