@@ -54,6 +54,7 @@ def diagnose(
     env: Mapping[str, str] | None = None,
     runtime: Mapping[str, Any] | None = None,
     scaling: Any = True,
+    collectives: Any = None,
 ) -> Diagnosis:
     """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
 
@@ -67,7 +68,8 @@ def diagnose(
     ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
     ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
-    ``BatchScaling`` is used as given.
+    ``BatchScaling`` is used as given. ``collectives``: measured collective bandwidth
+    (``gd.bench.allreduce`` results or ``parse_nccl_tests`` logs), judged against the topology.
     """
     if isinstance(workload, str):
         from gpudiag.workloads import get
@@ -100,6 +102,7 @@ def diagnose(
         code=code,
         runtime=runtime,
         batch_scaling=scaling or None,
+        collectives=collectives,
         env=dict(os.environ if env is None else env),
     )
     return run_rules(evidence)
