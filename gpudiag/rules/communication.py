@@ -9,7 +9,9 @@ microsecond behind compute is the most a fix can save.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from typing import Any
 
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
@@ -84,4 +86,112 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
         "all-gather (forward_prefetch / backward_prefetch); check the interconnect with "
         "gd.bench.allreduce",
         estimated_gain=exposed,
+    )
+
+
+# A rank that starts most collectives last holds every other rank inside them: from the
+# matched calls of TraceReport.collectives() (start skew, wait per rank), not from GPU work.
+LATE_SHARE = 0.5  # last at half the matched calls or more
+MIN_CALLS = 3
+LATE_HIGH = 0.20  # its lateness as a share of the median rank's span
+LATE_MEDIUM = 0.05
+WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
+
+
+def _median_span(trace: Any, report: Any) -> float:
+    """The median rank's profiled time: its steps in the window, else its GPU span, else the
+    time its matched collectives cover."""
+    spans = []
+    for r in trace.ranks:
+        steps = [s.duration_us for s in r.steps if s.in_window]
+        if steps:
+            spans.append(float(sum(steps)))
+        elif r.breakdown is not None and r.breakdown.span_us > 0:
+            spans.append(float(r.breakdown.span_us))
+        elif report.calls:
+            spans.append(
+                max(c.ends_us.get(r.rank, 0.0) for c in report.calls)
+                - min(c.starts_us.get(r.rank, math.inf) for c in report.calls)
+            )
+    spans.sort()
+    return spans[len(spans) // 2] if spans else 0.0
+
+
+@rule("comm.late_rank", category=CATEGORY, needs=("trace",))
+def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """One rank starts most collectives last: the other ranks wait for it inside them."""
+    trace = evidence.trace
+    if len(trace.ranks) < 2:
+        return
+    report = trace.collectives()
+    late = report.most_often_last
+    if late is None or len(report.calls) < MIN_CALLS:
+        return
+    if late.last_arrivals < LATE_SHARE * len(report.calls):
+        return
+    if any(w.last_arrivals >= late.last_arrivals for w in report.by_rank if w.rank != late.rank):
+        return
+    span = _median_span(trace, report)
+    share = late.lateness_us / span if span > 0 else 0.0
+    if share < LATE_MEDIUM:
+        return
+    src = trace_source(trace)
+    waiting = max(report.by_rank, key=lambda w: w.wait_us)
+    items = [
+        Evidence(
+            f"rank {late.rank} started last",
+            late.last_arrivals,
+            f"of {len(report.calls)} matched collectives",
+            src,
+        ),
+        Evidence(
+            f"rank {late.rank} later than the others' median start",
+            round(late.lateness_us / 1000, 2),
+            "ms in all",
+            src,
+        ),
+        Evidence("median rank's profiled time", round(span / 1000, 2), "ms", src),
+        Evidence(
+            f"rank {waiting.rank} waiting inside collectives",
+            round(100 * (waiting.wait_share or 0.0), 1),
+            "% of its time in them",
+            src,
+        ),
+    ]
+    why = ""
+    work = {c.rank: c.work_us for c in trace.comparison}
+    if late.rank in work and len(work) >= 2:
+        others = sorted(v for r, v in work.items() if r != late.rank)
+        median = others[len(others) // 2]
+        items.append(
+            Evidence(
+                f"rank {late.rank} GPU work vs the others' median",
+                f"{work[late.rank] / 1000:.2f} vs {median / 1000:.2f}",
+                "ms",
+                src,
+            )
+        )
+        if median > 0 and work[late.rank] <= median * (1 + WORK_MARGIN):
+            why = (
+                "; its GPU does no more work than the others', so the delay comes before its "
+                "launches (host side: data loading, CPU contention, a slower node)"
+            )
+        elif median > 0:
+            why = f"; it runs {work[late.rank] / median - 1:.0%} more GPU work than the others"
+    items += [Evidence("note", n, source=src) for n in report.notes[:2]]
+    yield Finding(
+        "comm.late_rank",
+        Severity.HIGH if share >= LATE_HIGH else Severity.MEDIUM,
+        CATEGORY,
+        f"rank {late.rank} starts {late.last_arrivals} of {len(report.calls)} collectives last, "
+        f"{late.lateness_us / 1000:.1f} ms in all after the others: they wait for it inside "
+        f"the collectives{why}",
+        tuple(items),
+        threshold=f"one rank last at >= {LATE_SHARE:.0%} of >= {MIN_CALLS} matched collectives, "
+        f"late by >= {LATE_MEDIUM:.0%} of the median span (high from {LATE_HIGH:.0%})",
+        instruction=f"look at what rank {late.rank} does before its collectives (its trace's "
+        "CPU operators and DataLoader waits, its host's load, CPU pinning and clocks with "
+        "gpudiag inspect); even out the work per rank (data sharding, uneven embedding "
+        "tables); `gd.analyze_trace(folder).collectives()` lists every call",
+        estimated_gain=min(share, 1.0),
     )

@@ -17,6 +17,7 @@ from gpudiag.analysis.trace.collectives import (
     match_collectives,
     normalize_collective,
 )
+from gpudiag.rules.engine import EvidenceBundle, run_rules
 
 DATA = Path(__file__).parent / "data"
 _CACHE: dict[str, TraceReport] = {}
@@ -158,3 +159,6 @@ def test_real_gloo_job_profiled_per_rank(gloo_traces: Path) -> None:
     assert report.most_often_last.rank == 1
     for c in reduce:
         assert c.busbw_gbps == pytest.approx(c.algbw_gbps * bus_factor("all_reduce", 2))
+    diagnosis = run_rules(EvidenceBundle(trace=trace, env={}), only=["comm.late_rank"])
+    (finding,) = diagnosis.findings
+    assert finding.message.startswith("rank 1 starts")

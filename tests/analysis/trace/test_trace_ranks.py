@@ -80,3 +80,29 @@ def test_same_world_size_on_different_gpus_is_refused(tmp_path: Path) -> None:
         analyze_trace(paths)
     assert "H100" in str(info.value)
     assert "A100" in str(info.value)
+
+
+def test_late_rank_on_the_8_rank_v100_job(traces_dir: Path) -> None:
+    # Rank 7 starts 5 of the 8 collectives last (7.6 ms after rank 1 at the first all_to_all)
+    # with no more GPU work than the others: they wait for its host, not its GPU.
+    report = _report(traces_dir, DLRM_8_RANKS)
+    diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["comm.late_rank"])
+    (finding,) = diagnosis.findings
+    assert finding.message.startswith("rank 7 starts 5 of 8 collectives last")
+    assert "host side" in finding.message
+    late = report.collectives().most_often_last
+    assert late is not None
+    assert late.rank == 7
+    values = {e.name: e.value for e in finding.evidence}
+    assert values["rank 7 later than the others' median start"] == pytest.approx(
+        round(late.lateness_us / 1000, 2)
+    )
+    assert finding.estimated_gain is not None
+    assert 0.05 < finding.estimated_gain < 1.0
+
+
+def test_no_late_rank_on_the_pair_of_128(traces_dir: Path) -> None:
+    # Rank 1 starts last at the 4 matched calls, but 27 ms late over a 607 ms step is < 5 %.
+    report = _report(traces_dir, "hta-trace_filter-2of128-ranks")
+    diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["comm.late_rank"])
+    assert diagnosis.findings == ()
