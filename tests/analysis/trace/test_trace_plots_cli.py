@@ -109,3 +109,15 @@ def test_cli_trace_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     bad.write_text("{")
     assert main(["trace", str(bad)]) == 1
     assert "gpudiag: error:" in capsys.readouterr().err
+
+
+def test_cli_trace_lists_collectives(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = traces_dir / "param-dlrm-8rank-v100"
+    assert main(["trace", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "Collectives:" in out
+    assert "rank 7 arrived last at 5 of 8 calls" in out
+    assert main(["trace", str(folder), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {s["op"] for s in data["collectives"]["by_op"]} == {"all_reduce", "all_to_all"}
+    assert len(data["collectives"]["calls"]) == 8
