@@ -32,7 +32,14 @@ import numpy as np
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.nccl import COLLECTIVES, bus_factor
 from gpudiag.analysis.trace.kernels import COMMUNICATION
-from gpudiag.analysis.trace.model import COMM_ANNOTATION, I64, Events, Kind, fields_json
+from gpudiag.analysis.trace.model import (
+    COMM_ANNOTATION,
+    I64,
+    CommArgs,
+    Events,
+    Kind,
+    fields_json,
+)
 
 # Bytes per element of Kineto's "Input type" spellings (lower-cased) for collective messages.
 _TYPE_BYTES = {
@@ -94,6 +101,8 @@ class CollectiveCall:
     algorithm: str | None  # NCCL's RING / TREE / NVLS / ... from the kernel name
     protocol: str | None  # LL / LL128 / SIMPLE
     timed_on: str  # "gpu" (kernels) or "host" (gloo's range)
+    group: str = ""  # the process group's name when the trace records it (PyTorch 2.1+)
+    group_size: int | None = None
 
     @property
     def duration_us(self) -> float:
@@ -118,6 +127,30 @@ def _message(
     nbytes = math.prod(dims[0]) * per
     # all_gather records the rank's own chunk; nccl-tests' size is the gathered total.
     return (nbytes * group if op == "all_gather" else nbytes), dtype
+
+
+# c10 ScalarType names as newer traces write them in a kernel's "dtype" (lower-cased).
+_SCALAR_BYTES = {
+    "float": 4,
+    "bfloat16": 2,
+    "half": 2,
+    "double": 8,
+    "long": 8,
+    "int": 4,
+    "short": 2,
+    "char": 1,
+    "byte": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+
+def _recorded_message(op: str, args: CommArgs) -> int | None:
+    """nccl-tests' size column from a kernel's recorded message (elements x element size)."""
+    per = _SCALAR_BYTES.get(args.dtype.lower())
+    count = args.out_nelems if op == "all_gather" else args.in_nelems
+    return count * per if per and count is not None else None
 
 
 def _kernel_info(name: str) -> tuple[str | None, str | None, str | None]:
@@ -184,7 +217,20 @@ def rank_collectives(
             _, algo, proto = _kernel_info(kname)
             start = float(events.ts[krows].min())
             end = float((events.ts[krows] + events.dur[krows]).max())
-            calls.append(CollectiveCall(op, backend, start, end, size, dtype, algo, proto, "gpu"))
+            pg_name, pg_size = "", None
+            recorded = next(
+                (ca for k in krows.tolist() if (ca := events.comm_args.get(k)) is not None), None
+            )
+            if recorded is not None:  # the kernel's own record beats the range's inputs
+                op = normalize_collective(recorded.collective)
+                size = _recorded_message(op, recorded) or size
+                dtype = recorded.dtype or dtype
+                pg_name, pg_size = recorded.process_group, recorded.group_size
+            calls.append(
+                CollectiveCall(
+                    op, backend, start, end, size, dtype, algo, proto, "gpu", pg_name, pg_size
+                )
+            )
         elif backend == "nccl" and has_gpu:
             untimed += 1  # enqueued, but its kernel is outside the capture
         elif backend != "nccl":
@@ -196,17 +242,21 @@ def rank_collectives(
         row = int(kern_rows[k])
         kop, algo, proto = _kernel_info(names[int(events.name[row])])
         start = float(events.ts[row])
+        recorded = events.comm_args.get(row)
+        lone_op = normalize_collective(recorded.collective) if recorded else kop or "unknown"
         calls.append(
             CollectiveCall(
-                kop or "unknown",
+                lone_op,
                 "nccl",
                 start,
                 start + float(events.dur[row]),
-                None,
-                None,
+                _recorded_message(lone_op, recorded) if recorded else None,
+                recorded.dtype if recorded else None,
                 algo,
                 proto,
                 "gpu",
+                recorded.process_group if recorded else "",
+                recorded.group_size if recorded else None,
             )
         )
     notes = []
@@ -215,9 +265,10 @@ def rank_collectives(
             f"{untimed} NCCL calls were enqueued without a communication kernel in the trace "
             "(outside the capture): left out"
         )
-    if lone:
+    unsized = sum(1 for k in lone if int(kern_rows[k]) not in events.comm_args)
+    if unsized:
         notes.append(
-            f"{len(lone)} communication kernels are not inside a recorded collective range: "
+            f"{unsized} communication kernels are not inside a recorded collective range: "
             "each is counted as one call, its message size unknown"
         )
     calls.sort(key=lambda c: c.start_us)
@@ -240,6 +291,7 @@ class CollectiveStats:
     timed_on: str
     starts_us: Mapping[int, float]
     ends_us: Mapping[int, float]
+    process_group: str = ""  # its name, when the trace records it
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -298,6 +350,7 @@ class CollectiveStats:
                 "seq": self.seq,
                 "backend": self.backend,
                 "group_size": self.group_size,
+                "process_group": self.process_group,
                 "size_bytes": self.size_bytes,
                 "dtype": self.dtype,
                 "algorithm": self.algorithm,
@@ -507,19 +560,22 @@ def match_collectives(
             "the ranks ran on different hosts: start-time skew is only as exact as their clocks' "
             "synchronisation (NTP/PTP)"
         )
-    by_op: dict[str, dict[int, list[CollectiveCall]]] = {}
+    # The k-th call of one collective in one process group (when recorded) on every rank.
+    by_op: dict[tuple[str, str], dict[int, list[CollectiveCall]]] = {}
     for r in ranks:
         for c in per_rank[r]:
-            by_op.setdefault(c.op, {}).setdefault(r, []).append(c)
+            by_op.setdefault((c.op, c.group), {}).setdefault(r, []).append(c)
     matched: list[CollectiveStats] = []
-    for op, lists in by_op.items():
+    for (op, pg), lists in by_op.items():
         counts = {r: len(lists.get(r, [])) for r in ranks}
         n = min(counts.values())
         if len(set(counts.values())) > 1:
             shown = ", ".join(f"rank {r}: {c}" for r, c in counts.items())
+            where = f" in process group {pg}" if pg else ""
             out_notes.append(
-                f"{op}: the ranks recorded different numbers of calls ({shown}); the first {n} "
-                "of each are matched (the capture windows may differ)"
+                f"{op}{where}: the ranks recorded different numbers of calls ({shown}); the "
+                f"first {n} of each are matched (the capture windows may differ, or some ranks "
+                "are not in the group)"
             )
         for k in range(n):
             group_calls = {r: lists[r][k] for r in ranks}
@@ -533,7 +589,7 @@ def match_collectives(
                     op=op,
                     seq=k,
                     backend=first.backend,
-                    group_size=group,
+                    group_size=first.group_size or group,
                     size_bytes=max(sizes) if sizes else None,
                     dtype=first.dtype,
                     algorithm=algos[0][0][0] if algos else None,
@@ -541,6 +597,7 @@ def match_collectives(
                     timed_on=first.timed_on,
                     starts_us={r: c.start_us + offsets.get(r, 0.0) for r, c in group_calls.items()},
                     ends_us={r: c.end_us + offsets.get(r, 0.0) for r, c in group_calls.items()},
+                    process_group=pg,
                 )
             )
     matched.sort(key=lambda c: min(c.starts_us.values()))

@@ -28,6 +28,7 @@ from gpudiag.analysis.trace.model import (
     STEP_PREFIX,
     SYNC_CONTEXT_OPS,
     SYNC_RUNTIME_NAMES,
+    CommArgs,
     DeviceProperties,
     Events,
     Kind,
@@ -77,6 +78,13 @@ class _Args(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
+    # Collective fields of communication kernels, undecoded for the same reason as the inputs.
+    collective_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Collective name")
+    in_msg_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In msg nelems")
+    out_msg_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out msg nelems")
+    msg_dtype: msgspec.Raw = msgspec.field(default=_NO_RAW, name="dtype")
+    group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
+    pg_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Name")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -151,6 +159,40 @@ def _op_inputs(a: _Args) -> OpInputs | None:
     )
 
 
+def _decoded(raw: msgspec.Raw) -> Any:
+    if not raw:
+        return None
+    try:
+        return _ANY_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _comm_args(a: _Args) -> CommArgs | None:
+    """The collective recorded on a communication kernel; None when absent or malformed."""
+    name = _decoded(a.collective_name)
+    if not isinstance(name, str) or not name:
+        return None
+
+    def count(raw: msgspec.Raw) -> int | None:
+        value = _decoded(raw)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        )
+
+    dtype, group = _decoded(a.msg_dtype), _decoded(a.pg_name)
+    return CommArgs(
+        collective=name,
+        in_nelems=count(a.in_msg_nelems),
+        out_nelems=count(a.out_msg_nelems),
+        dtype=dtype if isinstance(dtype, str) else "",
+        group_size=count(a.group_size),
+        process_group=str(group) if isinstance(group, (str, int)) else "",
+    )
+
+
 def _is_comm(name: str) -> bool:
     return ":" in name[:6] and COMM_ANNOTATION.fullmatch(name) is not None
 
@@ -189,6 +231,13 @@ def _loose_event(raw: Any) -> _Event | None:
             nbytes=pick(args, "bytes", (int,)),
             call_stack=pick(args, "Call stack", (str,)),
         )
+        if "Collective name" in args:
+            parsed_args.collective_name = _raw(args.get("Collective name"))
+            parsed_args.in_msg_nelems = _raw(args.get("In msg nelems"))
+            parsed_args.out_msg_nelems = _raw(args.get("Out msg nelems"))
+            parsed_args.msg_dtype = _raw(args.get("dtype"))
+            parsed_args.group_size = _raw(args.get("Group size"))
+            parsed_args.pg_name = _raw(args.get("Process Group Name"))
         if _keeps_inputs(str(raw.get("name", ""))):
             parsed_args.input_dims = _raw(args.get("Input Dims"))
             parsed_args.input_type = _raw(args.get("Input type"))
@@ -235,6 +284,7 @@ class _Columns:
         self.threads: dict[tuple[int | str, int | str], int] = {}
         self.stacks: dict[int, str] = {}
         self.inputs: dict[int, OpInputs] = {}
+        self.comm_args: dict[int, CommArgs] = {}
         # The same layer records the same inputs every step: one shared record per spelling.
         self._seen_inputs: dict[tuple[bytes, bytes, bytes], OpInputs | None] = {}
         self.unknown: Counter[str] = Counter()
@@ -305,6 +355,10 @@ class _Columns:
                 a = args[i]
                 if a is not None:
                     stream[i], device[i], extra[i] = self._add_gpu(xs[i], a, k)
+                    if k == _KERNEL and a.collective_name:
+                        found = _comm_args(a)
+                        if found is not None:
+                            self.comm_args[first_row + i] = found
         self.stream.fromlist(stream)
         self.device.fromlist(device)
         self.extra.fromlist(extra)
@@ -386,6 +440,7 @@ class _Columns:
             launches=launches,
             stacks=dict(self.stacks),
             inputs=dict(self.inputs),
+            comm_args=dict(self.comm_args),
         )
 
 

@@ -157,6 +157,19 @@ class OpInputs:
     concrete: tuple[str, ...] | None
 
 
+@dataclass(frozen=True)
+class CommArgs:
+    """What newer PyTorch (2.1+) records on a communication kernel: the collective, its message
+    in elements, the element type, the process group and its size. None/"" where not recorded."""
+
+    collective: str
+    in_nelems: int | None
+    out_nelems: int | None
+    dtype: str
+    group_size: int | None
+    process_group: str
+
+
 @dataclass(frozen=True, eq=False)
 class Events:
     """Every complete event of one trace file as parallel arrays (one row per event).
@@ -182,6 +195,8 @@ class Events:
     # event row -> input shapes, for the few operators the roofline can cost (COSTED_OPS)
     # and the collective ranges (COMM_ANNOTATION)
     inputs: Mapping[int, OpInputs] = field(default_factory=dict)
+    # event row -> the collective a communication kernel belongs to (newer traces only)
+    comm_args: Mapping[int, CommArgs] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])

@@ -202,3 +202,21 @@ def test_agrees_with_tracelens_on_the_mi300_training_trace(traces_dir: Path) -> 
     # less communication is exposed here, never more.
     assert comm.exposed_us / 1000 < timeline["exposed_comm_time"]
     assert comm.exposed_us == pytest.approx(comm.total_us - comm.overlapped_us)
+
+
+def test_newer_traces_take_the_message_and_group_from_the_kernel(traces_dir: Path) -> None:
+    # HTA's NCCL parser test trace (A100, NCCL 2.17, rank 0 of 2): its nccl:* ranges carry no
+    # Input Dims, its kernels carry "Collective name", "In msg nelems", "dtype", "Group size"
+    # and "Process Group Name" (PyTorch 2.1+).
+    report = analyze_trace(traces_dir / "hta-nccl_parser_config-nccl_data.json.gz")
+    calls = report.collectives().calls
+    reduce = [c for c in calls if c.op == "all_reduce"]
+    assert len(reduce) == 15
+    assert sum(1 for c in calls if c.op == "broadcast") == 6
+    assert {c.process_group for c in calls} == {"0"}
+    assert {c.group_size for c in calls} == {2}
+    first = min(reduce, key=lambda c: min(c.starts_us.values()))
+    assert first.size_bytes == 2049000 * 4  # record_param_comms: In msg nelems 2049000, Float
+    assert first.algorithm == "RING"
+    assert first.protocol == "LL"
+    assert first.busbw_gbps == pytest.approx(first.algbw_gbps * 1.0)  # 2 (n - 1) / n, n = 2
