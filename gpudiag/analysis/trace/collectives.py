@@ -41,6 +41,8 @@ from gpudiag.analysis.trace.model import (
     fields_json,
 )
 
+# Larger than any GPU memory: a size beyond it is a corrupt field, not a message.
+MAX_MESSAGE_BYTES = 1 << 50
 # Bytes per element of Kineto's "Input type" spellings (lower-cased) for collective messages.
 _TYPE_BYTES = {
     "float": 4,
@@ -125,6 +127,8 @@ def _message(
     if per is None or not dims[0]:
         return None, dtype or None
     nbytes = math.prod(dims[0]) * per
+    if nbytes > MAX_MESSAGE_BYTES:
+        return None, dtype  # not a real message: no bandwidth from it
     # all_gather records the rank's own chunk; nccl-tests' size is the gathered total.
     return (nbytes * group if op == "all_gather" else nbytes), dtype
 
@@ -150,7 +154,9 @@ def _recorded_message(op: str, args: CommArgs) -> int | None:
     """nccl-tests' size column from a kernel's recorded message (elements x element size)."""
     per = _SCALAR_BYTES.get(args.dtype.lower())
     count = args.out_nelems if op == "all_gather" else args.in_nelems
-    return count * per if per and count is not None else None
+    if not per or count is None or count * per > MAX_MESSAGE_BYTES:
+        return None
+    return count * per
 
 
 def _kernel_info(name: str) -> tuple[str | None, str | None, str | None]:

@@ -168,28 +168,34 @@ def _decoded(raw: msgspec.Raw) -> Any:
         return None
 
 
+_COLLECTIVE_NAME = re.compile(r"[A-Za-z_]{1,64}")
+_MAX_NELEMS = 1 << 48  # elements of one message: far above any GPU's memory
+_MAX_GROUP = 1 << 24  # ranks in one process group
+
+
+def _count(raw: msgspec.Raw, most: int) -> int | None:
+    """A whole number from 0 to ``most``; None for anything else (a float such as 1e300 would
+    otherwise become a 300-digit int)."""
+    value = _decoded(raw)
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= most:
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+    return value if ok else None
+
+
 def _comm_args(a: _Args) -> CommArgs | None:
     """The collective recorded on a communication kernel; None when absent or malformed."""
     name = _decoded(a.collective_name)
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not _COLLECTIVE_NAME.fullmatch(name):
         return None
-
-    def count(raw: msgspec.Raw) -> int | None:
-        value = _decoded(raw)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        return (
-            value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-        )
-
     dtype, group = _decoded(a.msg_dtype), _decoded(a.pg_name)
     return CommArgs(
         collective=name,
-        in_nelems=count(a.in_msg_nelems),
-        out_nelems=count(a.out_msg_nelems),
-        dtype=dtype if isinstance(dtype, str) else "",
-        group_size=count(a.group_size),
-        process_group=str(group) if isinstance(group, (str, int)) else "",
+        in_nelems=_count(a.in_msg_nelems, _MAX_NELEMS),
+        out_nelems=_count(a.out_msg_nelems, _MAX_NELEMS),
+        dtype=dtype if isinstance(dtype, str) and len(dtype) <= 32 else "",
+        group_size=_count(a.group_size, _MAX_GROUP),
+        process_group=str(group)[:64] if isinstance(group, (str, int)) else "",
     )
 
 

@@ -220,3 +220,67 @@ def test_newer_traces_take_the_message_and_group_from_the_kernel(traces_dir: Pat
     assert first.algorithm == "RING"
     assert first.protocol == "LL"
     assert first.busbw_gbps == pytest.approx(first.algbw_gbps * 1.0)  # 2 (n - 1) / n, n = 2
+
+
+def test_hostile_collective_fields_are_dropped_not_trusted(tmp_path: Path) -> None:
+    import json
+
+    kernel = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "nccl:all_reduce",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 100,
+            "args": {"Input Dims": [[10**40]], "Input type": ["float"]},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10,
+            "dur": 5,
+            "args": {"correlation": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": kernel,
+            "pid": 0,
+            "tid": 7,
+            "ts": 20,
+            "dur": 50,
+            "args": {
+                "correlation": 7,
+                "stream": 7,
+                "device": 0,
+                "Collective name": "allreduce",
+                "In msg nelems": 10**30,
+                "dtype": "Float",
+                "Group size": 1e300,
+                "Process Group Name": "x" * 1000,
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": kernel,
+            "pid": 0,
+            "tid": 7,
+            "ts": 80,
+            "dur": 50,
+            "args": {"correlation": 8, "stream": 7, "device": 0, "Collective name": "x" * 10**5},
+        },
+    ]
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    calls = analyze_trace(path).ranks[0].collectives
+    assert [c.op for c in calls] == ["all_reduce", "all_reduce"]  # the kernel name tells
+    assert all(c.size_bytes is None for c in calls)
+    assert all(c.group_size is None for c in calls)
+    assert all(len(c.group) <= 64 for c in calls)
