@@ -376,13 +376,16 @@ class Recipe(BaseModel):
         )
 
     def to_python(self, path: str = "recipe.yaml") -> str:
-        """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent."""
-        lines = [f"# gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
+        """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent.
+
+        Text from the recipe (workload, hardware, evidence, labels) only ever lands in comments,
+        one line each: a line break in it cannot start a line of code."""
+        lines = [f"# gpudiag recipe{f' for {_one_line(self.workload)}' if self.workload else ''}"]
         if self.hardware:
-            lines.append(f"# measured on {self.hardware}")
+            lines.append(f"# measured on {_one_line(self.hardware)}")
         for f in self.fixes:
             evidence = f" - {f.evidence.summary()}" if f.evidence else ""
-            lines.append(f"#   {f.fix().label}{evidence}")
+            lines.append(f"#   {_one_line(f.fix().label + evidence)}")
         env = self.to_env()
         if env:
             lines.append("# Environment fixes must be set before the process starts:")
@@ -402,7 +405,10 @@ class Recipe(BaseModel):
         plain = [
             line
             for fix in self.fix_objects()
-            for line in [f"# {fix.label}:", *(f"#     {c}" for c in fix.code())]
+            for line in [
+                f"# {_one_line(fix.label)}:",
+                *(f"#     {_one_line(c)}" for c in fix.code()),
+            ]
             if fix.code()
         ]
         if plain:
@@ -499,6 +505,11 @@ class Recipe(BaseModel):
         )
         notes = "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
         return card("gpudiag recipe", html_grid(("fix", "kind", "evidence"), rows) + facts + notes)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every line break (as ``str.splitlines`` knows them) turned into a space."""
+    return " ".join(str(text).splitlines())
 
 
 def _error_text(err: Any) -> str:

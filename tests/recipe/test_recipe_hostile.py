@@ -109,3 +109,20 @@ def test_values_are_quoted_so_a_shell_reads_them_back(tmp_path: Path, value: str
 def test_values_with_line_breaks_are_refused(value: str) -> None:
     with pytest.raises(RecipeError, match="NUL or a line break"):
         env_value(value)
+
+
+def test_python_snippet_keeps_recipe_text_in_comments(tmp_path: Path) -> None:
+    evil = "gpt\nimport os; os.system('touch pwned')\r\u2028x"
+    recipe = Recipe.of(["precision.bf16", "sync.remove:call_site=a\nb"], workload=evil)
+    recipe = recipe.model_copy(update={"hardware": "H100\nimport os"})
+    code = recipe.to_python()
+    template = (
+        "import gpudiag as gd",
+        "",
+        "applied = gd.Recipe.load('recipe.yaml').apply(model, optimizer=optimizer)",
+        "print(applied)",
+        "model = applied.model",
+    )
+    for line in code.splitlines():
+        assert line.startswith("#") or line.startswith(template), line
+    compile(code, "<snippet>", "exec")
