@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
         for c in report.comparison:
             flag = "  <- straggler" if c.rank in report.stragglers else ""
             print(
-                f"  rank {c.rank:>3}: compute {c.compute_us / 1000:>9.2f} ms, communication "
-                f"{c.communication_us / 1000:>9.2f} ms, idle {c.idle_us / 1000:>9.2f} ms{flag}"
+                f"  rank {c.rank:>3}: compute {c.compute_us / 1000:>9.2f} ms, exposed "
+                f"communication {c.communication_us / 1000:>9.2f} ms, idle "
+                f"{c.idle_us / 1000:>9.2f} ms{flag}"
             )
     collectives = report.collectives()
     if collectives.calls:

@@ -404,13 +404,23 @@ class TraceReport:
             rows.append(("GPU span", _ms(span)))
             for key, label in (
                 ("compute_us", "compute"),
-                ("communication_us", "communication (NCCL)"),
+                ("communication_us", "communication, no compute alongside (exposed)"),
                 ("memory_us", "memcpy / memset"),
                 ("sync_us", "sync events"),
                 ("idle_us", "idle"),
             ):
                 value = b[key] or 0.0
                 rows.append((label, f"{_ms(value)} ({_pct(value / span)})"))
+            comm = self.communication()
+            if comm is not None and comm.total_us > 0:
+                scope = f", {comm.label}" if comm.rank is None else ""
+                rows.append(
+                    (
+                        f"communication kernels in all{scope}",
+                        f"{_ms(comm.total_us)} ({_pct(comm.total_share)}), "
+                        f"{_pct(comm.overlap)} of it overlapped by compute",
+                    )
+                )
             idle = b["idle_us"] or 0.0
             if idle > 0:
                 rows.append(

@@ -106,3 +106,14 @@ def test_no_late_rank_on_the_pair_of_128(traces_dir: Path) -> None:
     report = _report(traces_dir, "hta-trace_filter-2of128-ranks")
     diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["comm.late_rank"])
     assert diagnosis.findings == ()
+
+
+def test_report_headline_names_exposed_and_total_communication(traces_dir: Path) -> None:
+    report = _report(traces_dir, DLRM_8_RANKS)
+    pooled = report.communication()
+    assert pooled is not None
+    text = repr(report)
+    assert "communication, no compute alongside (exposed)" in text
+    assert f"communication kernels in all, 8 ranks pooled: {pooled.total_us / 1000:.2f} ms" in text
+    assert "&lt;" not in text
+    assert "communication kernels in all, 8 ranks pooled" in report._repr_html_()
