@@ -22,10 +22,13 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.probe.nccl_topo import NcclTopology
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce",
@@ -702,3 +705,41 @@ def measured_busbw(results: Iterable[CollectiveResult]) -> tuple[float, int, str
                 source = f"{res.source}{': ' + res.label if res.label else ''} ({res.op})"
                 best = (row.busbw_gbps, row.size_bytes, source)
     return best
+
+
+def nccl_xml_link_budget(topology: NcclTopology) -> LinkBudget | None:
+    """``link_budget`` from an NCCL topology dump (NCCL_TOPO_DUMP_FILE): NVLink counts per GPU
+    pair, the compute capability (``sm``) and the PCIe link speed. None for a static file
+    (``NCCL_TOPO_FILE`` lists GPUs by PCI class only, without their NVLinks) or one GPU."""
+    if topology.kind != "dump" or len(topology.gpus) < 2:
+        return None
+    gpus = topology.gpus
+    labels = [
+        [
+            "X"
+            if i == j
+            else (
+                f"NV{n}"
+                if (n := max(topology.nvlinks_between(a, b), topology.nvlinks_between(b, a)))
+                else "PIX"
+            )
+            for j, b in enumerate(gpus)
+        ]
+        for i, a in enumerate(gpus)
+    ]
+    sms = {g.sm for g in gpus if g.sm}
+    gens = {pcie_gen_of(g.link_speed) for g in gpus} - {None}
+    budget = link_budget(
+        labels,
+        cc_major=min(sms) // 10 if sms else None,
+        pcie_gen=min(g for g in gens if g is not None) if gens else None,
+    )
+    if budget is None:
+        return None
+    return LinkBudget(
+        link=budget.link.replace(" (PIX)", ""),
+        gpus=budget.gpus,
+        link_gbps=budget.link_gbps,
+        basis=budget.basis.replace("(PIX)", "(no NVLink in the NCCL topology dump)"),
+        notes=budget.notes,
+    )

@@ -10,6 +10,7 @@ from gpudiag.analysis.nccl import (
     NCCL_EFFICIENCY,
     link_budget,
     measured_busbw,
+    nccl_xml_link_budget,
     parse_nccl_tests,
     pcie_gen_of,
 )
@@ -62,19 +63,30 @@ def test_link_budget_direct_nvlinks_and_unknown_pairs() -> None:
 def test_nccl_xml_link_speed_gives_the_pcie_generation() -> None:
     b200 = parse_nccl_topo_xml(FIXTURES / "nccl-topo-xml" / "modal-gvisor-8x-b200-vm.xml")
     assert {pcie_gen_of(g.link_speed) for g in b200.gpus} == {5}
-    assert {g.sm for g in b200.gpus} == {100}
-    # Every pair of the dump lists 18 NVLinks: on Blackwell that is 18 x 50 GB/s per direction.
-    n = len(b200.gpus)
-    labels = [
-        [
-            "X" if i == j else f"NV{b200.nvlinks_between(b200.gpus[i], b200.gpus[j])}"
-            for j in range(n)
-        ]
-        for i in range(n)
-    ]
-    budget = link_budget(labels, cc_major=10)
-    assert budget is not None
-    assert budget.link_gbps == 900.0
+    assert pcie_gen_of("16.0 GT/s PCIe") == 4
+    assert pcie_gen_of("") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "link", "gbps"),
+    [
+        # NCCL's own dump on 8x B200 (sm 100): every pair 18 NVLinks, 50 GB/s each way.
+        ("modal-gvisor-8x-b200-vm.xml", "NVLink x18", 900.0),
+        # 8x RTX 3090 without NVLink, links at 16 GT/s (Gen4).
+        ("panlichen-8x-rtx3090-pcie-topo.xml", "PCIe Gen4 x16", 31.5),
+        # A static NCCL_TOPO_FILE lists GPUs by PCI class only: no NVLinks to judge.
+        ("aws-p4d-24xl-topo.xml", None, None),
+    ],
+)
+def test_link_budget_from_nccl_topology_xml(
+    name: str, link: str | None, gbps: float | None
+) -> None:
+    budget = nccl_xml_link_budget(parse_nccl_topo_xml(FIXTURES / "nccl-topo-xml" / name))
+    if link is None:
+        assert budget is None
+    else:
+        assert budget is not None
+        assert (budget.link, budget.link_gbps) == (link, gbps)
 
 
 def test_real_8x_a100_allreduce_is_healthy_against_its_links() -> None:
