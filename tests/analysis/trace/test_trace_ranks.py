@@ -117,3 +117,39 @@ def test_report_headline_names_exposed_and_total_communication(traces_dir: Path)
     assert f"communication kernels in all, 8 ranks pooled: {pooled.total_us / 1000:.2f} ms" in text
     assert "&lt;" not in text
     assert "communication kernels in all, 8 ranks pooled" in report._repr_html_()
+
+
+def test_more_gpu_work_is_not_called_waited_for_when_the_collectives_say_otherwise(
+    traces_dir: Path,
+) -> None:
+    # Ranks 1, 3 and 4 run 5 %+ more GPU work than the median, but start 0, 0 and 1 of the 8
+    # collectives last: the others do not wait for them at every collective.
+    report = _report(traces_dir, DLRM_8_RANKS)
+    assert report.stragglers == (1, 3, 4)
+    diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["steps.stragglers"])
+    (finding,) = diagnosis.findings
+    assert finding.severity.value == "low"
+    assert "seldom wait for them (they start 0, 0, 1 of 8 last" in finding.message
+    values = {e.name: e.value for e in finding.evidence}
+    assert values["rank 1 started last"] == 0
+    assert values["rank 4 started last"] == 1
+
+
+def test_a_straggler_that_starts_the_collectives_last_stays_medium(tmp_path: Path) -> None:
+    paths = []
+    for rank, work in enumerate((100.0, 102.0, 140.0, 99.0)):
+        tb = TraceBuilder()
+        for n, s in enumerate((0, 500, 1000)):
+            tb.step(n + 1, s, 500)
+            tb.launch(ts=s + 1, start=s + 10, dur=work)
+            wait = 150.0 - work  # the others wait in the all-reduce for the slow rank
+            tb.launch(ts=s + 2, start=s + 10 + work, dur=wait + 20, name="ncclKernel_AllReduce_x")
+        paths.append(
+            tb.write(tmp_path / f"rank{rank}.json", distributedInfo={"rank": rank, "world_size": 4})
+        )
+    report = analyze_trace(paths, include_last_step=True)
+    assert report.stragglers == (2,)
+    diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["steps.stragglers"])
+    (finding,) = diagnosis.findings
+    assert finding.severity.value == "medium"
+    assert finding.message.endswith("(they start 3 of 3 collectives last)")
