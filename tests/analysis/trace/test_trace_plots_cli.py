@@ -46,6 +46,7 @@ def test_rank_comparison_figure(traces_dir: Path) -> None:
     report = analyze_trace(traces_dir / "hta-trace_filter-2of128-ranks")
     fig = rank_comparison_figure(report)
     assert [x.split()[1] for x in fig.data[0].x] == ["0", "1"]
+    assert [d.name for d in fig.data][:2] == ["compute", "communication (exposed)"]
     single = rank_comparison_figure(analyze_trace(traces_dir / A100_CONTROL))
     assert "one rank only" in single.layout.annotations[0].text
 
