@@ -691,12 +691,17 @@ def link_budget(
     )
 
 
-def measured_busbw(results: Iterable[CollectiveResult]) -> tuple[float, int, str] | None:
+def measured_busbw(
+    results: Iterable[CollectiveResult], *, max_ranks: int | None = None
+) -> tuple[float, int, str] | None:
     """(bus bandwidth, at size, source) of the best large-message row of the all-reduce /
-    all-gather / reduce-scatter results (sizes of MIN_JUDGED_BYTES and up); None without."""
+    all-gather / reduce-scatter results (sizes of MIN_JUDGED_BYTES and up) over at most
+    ``max_ranks`` ranks (one node's GPUs: more ranks cross the network); None without."""
     best: tuple[float, int, str] | None = None
     for res in results:
         if res.op not in ("all_reduce", "all_gather", "reduce_scatter") or res.error:
+            continue
+        if max_ranks is not None and res.world_size > max_ranks:
             continue
         for row in res.rows:
             if row.size_bytes < MIN_JUDGED_BYTES or not math.isfinite(row.busbw_gbps):

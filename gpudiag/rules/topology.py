@@ -358,11 +358,14 @@ def _pcie_gen(evidence: EvidenceBundle) -> int | None:
 
 
 def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
-    """The best large-message bus bandwidth: measured results first, then a GPU trace's calls."""
+    """The best large-message bus bandwidth over at most this node's GPUs: measured results
+    first, then a GPU trace's calls. Collectives over more ranks cross the network between
+    nodes, which the GPU links do not bound."""
+    node_gpus = len(evidence.system.gpus)
     results = evidence.collectives
     if results is not None:
         items = results if isinstance(results, (list, tuple)) else [results]
-        found = measured_busbw(items)
+        found = measured_busbw(items, max_ranks=node_gpus)
         if found is not None:
             return found
     trace = evidence.trace
@@ -374,6 +377,7 @@ def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
         if (
             bw is None
             or call.timed_on != "gpu"
+            or call.group_size > node_gpus
             or (call.size_bytes or 0) < MIN_JUDGED_BYTES
             or call.op not in ("all_reduce", "all_gather", "reduce_scatter")
         ):
@@ -392,8 +396,9 @@ def nccl_bus_bandwidth(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalua
     if measured is None:
         yield NotEvaluated(
             "nccl.busbw",
-            "a measured collective of 32 MiB or more (gd.bench.allreduce, an nccl-tests log "
-            "passed as collectives=, or a GPU trace with large all-reduce / all-gather calls)",
+            "a measured collective of 32 MiB or more within this node's GPUs (gd.bench.allreduce, "
+            "an nccl-tests log passed as collectives=, or a GPU trace with large all-reduce / "
+            "all-gather calls; collectives across nodes are bound by the network instead)",
         )
         return
     topology = getattr(evidence.system, "topology", None)

@@ -216,3 +216,15 @@ def test_gpus_far_from_the_nic_on_the_real_h100_node() -> None:
         only=["topo.nic_affinity"],
     )
     assert quiet.findings == ()
+
+
+def test_collectives_across_nodes_are_not_judged_by_the_gpu_links() -> None:
+    # The same 8-rank log on a machine of 2 GPUs: the 8 ranks spanned several nodes.
+    log = parse_nccl_tests(ALLREDUCE_8X_A100)
+    system = _live("a100-sxm4-v12.xml", "2gpu-nvlink")
+    diagnosis = run_rules(
+        EvidenceBundle(system=system, env={}, collectives=[log]), only=["nccl.busbw"]
+    )
+    assert diagnosis.findings == ()
+    (skipped,) = diagnosis.not_evaluated
+    assert "across nodes" in skipped.missing
