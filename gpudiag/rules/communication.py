@@ -89,9 +89,9 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     )
 
 
-# A rank that starts most collectives last holds every other rank inside them: from the
-# matched calls of TraceReport.collectives() (start skew, wait per rank), not from GPU work.
-LATE_SHARE = 0.5  # last at half the matched calls or more
+# A rank whose late starts hold the others inside the collectives: from the matched calls of
+# TraceReport.collectives() (start skew, wait per rank), not from GPU work.
+LATE_SHARE = 0.5  # its lateness is at least half of all ranks' lateness
 MIN_CALLS = 3
 LATE_HIGH = 0.20  # its lateness as a share of the median rank's span
 LATE_MEDIUM = 0.05
@@ -119,18 +119,16 @@ def _median_span(trace: Any, report: Any) -> float:
 
 @rule("comm.late_rank", category=CATEGORY, needs=("trace",))
 def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """One rank starts most collectives last: the other ranks wait for it inside them."""
+    """One rank's late starts hold the others inside the collectives (most of the waiting)."""
     trace = evidence.trace
     if len(trace.ranks) < 2:
         return
     report = trace.collectives()
-    late = report.most_often_last
+    late = report.waited_for
     if late is None or len(report.calls) < MIN_CALLS:
         return
-    if late.last_arrivals < LATE_SHARE * len(report.calls):
-        return
-    if any(w.last_arrivals >= late.last_arrivals for w in report.by_rank if w.rank != late.rank):
-        return
+    if late.lateness_us < LATE_SHARE * sum(w.lateness_us for w in report.by_rank):
+        return  # the delays are spread over the ranks: no one rank to point at
     span = _median_span(trace, report)
     share = late.lateness_us / span if span > 0 else 0.0
     if share < LATE_MEDIUM:
@@ -187,8 +185,9 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         f"{late.lateness_us / 1000:.1f} ms in all after the others: they wait for it inside "
         f"the collectives{why}",
         tuple(items),
-        threshold=f"one rank last at >= {LATE_SHARE:.0%} of >= {MIN_CALLS} matched collectives, "
-        f"late by >= {LATE_MEDIUM:.0%} of the median span (high from {LATE_HIGH:.0%})",
+        threshold=f"one rank holds >= {LATE_SHARE:.0%} of the lateness over >= {MIN_CALLS} "
+        f"matched collectives, late by >= {LATE_MEDIUM:.0%} of the median rank's profiled time "
+        f"(high from {LATE_HIGH:.0%})",
         instruction=f"look at what rank {late.rank} does before its collectives (its trace's "
         "CPU operators and DataLoader waits, its host's load, CPU pinning and clocks with "
         "gpudiag inspect); even out the work per rank (data sharding, uneven embedding "

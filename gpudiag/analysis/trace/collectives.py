@@ -67,6 +67,9 @@ _ALGO_PROTO = re.compile(
     r"_(RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT)_(LL128|LL|SIMPLE)"
     r"(?=_|\(|$)"
 )
+# Backends whose range only enqueues GPU kernels (the kernels are the execution); the others'
+# ranges (gloo, and MPI/UCC on the host) are the execution itself.
+_GPU_BACKENDS = frozenset({"nccl", "rccl", "xccl"})
 _KERNEL_OPS = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",
@@ -237,9 +240,9 @@ def rank_collectives(
                     op, backend, start, end, size, dtype, algo, proto, "gpu", pg_name, pg_size
                 )
             )
-        elif backend == "nccl" and has_gpu:
+        elif backend in _GPU_BACKENDS and has_gpu:
             untimed += 1  # enqueued, but its kernel is outside the capture
-        elif backend != "nccl":
+        elif backend not in _GPU_BACKENDS:
             start = float(events.ts[row])
             end = start + float(events.dur[row])
             calls.append(CollectiveCall(op, backend, start, end, size, dtype, None, None, "host"))
@@ -430,11 +433,12 @@ class CollectiveReport:
         return next((s for s in self.by_op if s.op == name), None)
 
     @property
-    def most_often_last(self) -> RankWait | None:
-        """The rank that most often arrived last, with two or more ranks (None otherwise)."""
+    def waited_for(self) -> RankWait | None:
+        """The rank whose late starts held the others longest (the most ``lateness_us``, then
+        the most last arrivals), with two or more ranks; None when no rank was ever last."""
         if len(self.ranks) < 2 or not self.by_rank:
             return None
-        top = max(self.by_rank, key=lambda r: (r.last_arrivals, r.lateness_us))
+        top = max(self.by_rank, key=lambda r: (r.lateness_us, r.last_arrivals))
         return top if top.last_arrivals else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -501,11 +505,11 @@ class CollectiveReport:
         if len(self.ranks) > 1:
             lines.append("  " + " | ".join(self._RANK_HEAD))
             lines += ["  " + " | ".join(row) for row in self._rank_rows()]
-        late = self.most_often_last
+        late = self.waited_for
         if late is not None:
             lines.append(
                 f"  rank {late.rank} arrived last at {late.last_arrivals} of {len(self.calls)} "
-                "calls"
+                f"calls, {late.lateness_us / 1000:.2f} ms after the others in all"
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

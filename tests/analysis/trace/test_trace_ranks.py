@@ -90,7 +90,7 @@ def test_late_rank_on_the_8_rank_v100_job(traces_dir: Path) -> None:
     (finding,) = diagnosis.findings
     assert finding.message.startswith("rank 7 starts 5 of 8 collectives last")
     assert "host side" in finding.message
-    late = report.collectives().most_often_last
+    late = report.collectives().waited_for
     assert late is not None
     assert late.rank == 7
     values = {e.name: e.value for e in finding.evidence}
