@@ -22,10 +22,13 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.probe.nccl_topo import NcclTopology
 
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce",
@@ -563,3 +566,185 @@ def rows_from_times(
             )
         )
     return tuple(out)
+
+
+# --- what the links should give ------------------------------------------------------------------
+
+# NVLink bandwidth per link and direction, by the GPU's compute capability major: NVLink 2
+# (Volta), 3 (Ampere) and 4 (Hopper) carry 25 GB/s per link per direction (V100 6 links = 300 GB/s
+# both ways, A100 12 = 600, H100 18 = 900, as their datasheets state); NVLink 5 (Blackwell) 50
+# (B200 18 links = 1.8 TB/s).
+NVLINK_GBPS_PER_LINK: dict[int, float] = {7: 25.0, 8: 25.0, 9: 25.0, 10: 50.0, 12: 50.0}
+# PCIe x16 per direction after line encoding (Gen3 128b/130b 8 GT/s ... Gen6 64 GT/s).
+PCIE_X16_GBPS: dict[int, float] = {3: 15.75, 4: 31.5, 5: 63.0, 6: 121.0}
+# Share of the link bandwidth a large all-reduce reaches as nccl-tests busbw on a healthy node:
+# on 8x A100-SXM4 (NV12 through NVSwitch, 300 GB/s per direction) superbench's recorded
+# all_reduce_perf peaks at 235 GB/s (78 %); NVIDIA's published DGX figures sit in the same
+# 75-85 % band. Below LOW_SHARE of the link a finding is raised.
+NCCL_EFFICIENCY = 0.8
+LOW_SHARE = 0.6
+# Messages below this are latency-bound: their bus bandwidth says nothing about the links.
+MIN_JUDGED_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class LinkBudget:
+    """What one node's GPU links should give a collective over ``gpus`` GPUs: ``link_gbps``
+    per GPU and direction (theoretical), ``expected_busbw_gbps`` = link x NCCL_EFFICIENCY.
+    ``basis`` says how it was derived; ``notes`` what was assumed."""
+
+    link: str
+    gpus: int
+    link_gbps: float
+    basis: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def expected_busbw_gbps(self) -> float:
+        return self.link_gbps * NCCL_EFFICIENCY
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "link": self.link,
+                "gpus": self.gpus,
+                "link_gbps": self.link_gbps,
+                "expected_busbw_gbps": self.expected_busbw_gbps,
+                "basis": self.basis,
+                "notes": self.notes,
+            }
+        )
+
+
+def pcie_gen_of(link_speed: str) -> int | None:
+    """PCIe generation from NCCL XML's ``link_speed`` ("16.0 GT/s PCIe" -> 4)."""
+    match = re.match(r"\s*([0-9.]+)\s*GT/s", link_speed or "")
+    if not match:
+        return None
+    rate = float(match.group(1))
+    return {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}.get(rate)
+
+
+def _nvlink_rate(cc_major: int | None) -> tuple[float, list[str]]:
+    if cc_major in NVLINK_GBPS_PER_LINK:
+        return NVLINK_GBPS_PER_LINK[cc_major], []
+    return 25.0, ["GPU generation unknown: 25 GB/s per NVLink per direction assumed (NVLink 2-4)"]
+
+
+def link_budget(
+    labels: Sequence[Sequence[str]], *, cc_major: int | None = None, pcie_gen: int | None = None
+) -> LinkBudget | None:
+    """The budget for a collective over every GPU of a square matrix of ``nvidia-smi topo -m``
+    link labels ("NV12", "PIX", "SYS", "X" on the diagonal); None for one GPU or an unknown
+    pair ("?").
+
+    All pairs NVLink with one count on three or more GPUs is an NVSwitch board (each pair
+    reports the GPU's full bond): a GPU's links are that count. Otherwise NVLinks are direct
+    and a GPU's links are the sum over its peers (the slowest GPU bounds the ring). Any pair
+    without NVLink bounds the collective by PCIe x16 of ``pcie_gen``.
+    """
+    n = len(labels)
+    if n < 2:
+        return None
+    pairs = [labels[i][j] for i in range(n) for j in range(n) if i != j]
+    if any(label in ("?", "") for label in pairs):
+        return None
+    counts = [int(label[2:]) if re.fullmatch(r"NV\d+", label) else 0 for label in pairs]
+    if all(counts):
+        rate, notes = _nvlink_rate(cc_major)
+        if len(set(counts)) == 1 and n > 2:
+            links, basis = counts[0], f"NVSwitch: every pair NV{counts[0]}"
+        else:
+            per_gpu = [sum(int(labels[i][j][2:]) for j in range(n) if j != i) for i in range(n)]
+            links, basis = min(per_gpu), f"direct NVLinks: {min(per_gpu)} on the least-linked GPU"
+        return LinkBudget(
+            link=f"NVLink x{links}",
+            gpus=n,
+            link_gbps=links * rate,
+            basis=f"{basis}, {rate:g} GB/s per link per direction",
+            notes=tuple(notes),
+        )
+    notes = []
+    gen = pcie_gen
+    if gen not in PCIE_X16_GBPS:
+        notes.append("PCIe generation unknown: Gen4 x16 assumed")
+        gen = 4
+    worst = min(
+        (label for label in pairs if not label.startswith("NV")),
+        key=lambda label: (
+            ("SYS", "NODE", "PHB", "PXB", "PIX").index(label)
+            if label in ("SYS", "NODE", "PHB", "PXB", "PIX")
+            else 5
+        ),
+    )
+    if worst in ("SYS", "NODE", "PHB"):
+        notes.append(
+            f"the slowest pair is {worst} (through the CPU): without P2P at that distance "
+            "NCCL stages through host memory and stays well below this bound"
+        )
+    return LinkBudget(
+        link=f"PCIe Gen{gen} x16 ({worst})",
+        gpus=n,
+        link_gbps=PCIE_X16_GBPS[gen],
+        basis=f"a GPU pair without NVLink ({worst}): PCIe Gen{gen} x16 bounds the ring",
+        notes=tuple(notes),
+    )
+
+
+def measured_busbw(
+    results: Iterable[CollectiveResult], *, max_ranks: int | None = None
+) -> tuple[float, int, str] | None:
+    """(bus bandwidth, at size, source) of the best large-message row of the all-reduce /
+    all-gather / reduce-scatter results (sizes of MIN_JUDGED_BYTES and up) over at most
+    ``max_ranks`` ranks (one node's GPUs: more ranks cross the network); None without."""
+    best: tuple[float, int, str] | None = None
+    for res in results:
+        if res.op not in ("all_reduce", "all_gather", "reduce_scatter") or res.error:
+            continue
+        if max_ranks is not None and res.world_size > max_ranks:
+            continue
+        for row in res.rows:
+            if row.size_bytes < MIN_JUDGED_BYTES or not math.isfinite(row.busbw_gbps):
+                continue
+            if best is None or row.busbw_gbps > best[0]:
+                source = f"{res.source}{': ' + res.label if res.label else ''} ({res.op})"
+                best = (row.busbw_gbps, row.size_bytes, source)
+    return best
+
+
+def nccl_xml_link_budget(topology: NcclTopology) -> LinkBudget | None:
+    """``link_budget`` from an NCCL topology dump (NCCL_TOPO_DUMP_FILE): NVLink counts per GPU
+    pair, the compute capability (``sm``) and the PCIe link speed. None for a static file
+    (``NCCL_TOPO_FILE`` lists GPUs by PCI class only, without their NVLinks) or one GPU."""
+    if topology.kind != "dump" or len(topology.gpus) < 2:
+        return None
+    gpus = topology.gpus
+    labels = [
+        [
+            "X"
+            if i == j
+            else (
+                f"NV{n}"
+                if (n := max(topology.nvlinks_between(a, b), topology.nvlinks_between(b, a)))
+                else "PIX"
+            )
+            for j, b in enumerate(gpus)
+        ]
+        for i, a in enumerate(gpus)
+    ]
+    sms = {g.sm for g in gpus if g.sm}
+    gens = {pcie_gen_of(g.link_speed) for g in gpus} - {None}
+    budget = link_budget(
+        labels,
+        cc_major=min(sms) // 10 if sms else None,
+        pcie_gen=min(g for g in gens if g is not None) if gens else None,
+    )
+    if budget is None:
+        return None
+    return LinkBudget(
+        link=budget.link.replace(" (PIX)", ""),
+        gpus=budget.gpus,
+        link_gbps=budget.link_gbps,
+        basis=budget.basis.replace("(PIX)", "(no NVLink in the NCCL topology dump)"),
+        notes=budget.notes,
+    )

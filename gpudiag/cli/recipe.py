@@ -1,11 +1,11 @@
-"""Show, check or export a recipe: show | check | env | python | torchrun FILE."""
+"""Show, check or export a recipe: show | check | env | python | torchrun | slurm FILE."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-ACTIONS = ("show", "check", "env", "python", "torchrun")
+ACTIONS = ("show", "check", "env", "python", "torchrun", "slurm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,10 +14,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="show / check as JSON")
     parser.add_argument("--script", default="train.py", help="torchrun: the training script")
     parser.add_argument("--nproc", default="gpu", help="torchrun: processes per node")
+    parser.add_argument("--nnodes", default="1", help="torchrun / slurm: number of nodes")
+    parser.add_argument(
+        "--rdzv-endpoint", default=None, help="torchrun on several nodes: HOST:PORT"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="slurm: GPUs per node")
+    parser.add_argument("--partition", default=None, help="slurm: partition")
+    parser.add_argument("--time", default=None, help="slurm: time limit ([D-]HH:MM:SS)")
 
 
 def render(args: argparse.Namespace) -> tuple[str, int]:
     """(text to print, exit status) for one action; shared with the notebook magic."""
+    from gpudiag.errors import RecipeError
     from gpudiag.recipe import Recipe
 
     recipe = Recipe.load(args.file)
@@ -28,7 +36,24 @@ def render(args: argparse.Namespace) -> tuple[str, int]:
     if args.action == "python":
         return recipe.to_python(path=args.file), 0
     if args.action == "torchrun":
-        return recipe.torchrun_command(args.script, nproc_per_node=args.nproc) + "\n", 0
+        line = recipe.torchrun_command(
+            args.script,
+            nproc_per_node=args.nproc,
+            nnodes=int(args.nnodes) if str(args.nnodes).isdigit() else args.nnodes,
+            rdzv_endpoint=args.rdzv_endpoint,
+        )
+        return line + "\n", 0
+    if args.action == "slurm":
+        if not str(args.nnodes).isdigit():
+            raise RecipeError(f"--nnodes for a SLURM script is a number, got {args.nnodes!r}")
+        text = recipe.slurm_script(
+            args.script,
+            nodes=int(args.nnodes),
+            gpus_per_node=args.gpus_per_node,
+            partition=args.partition,
+            time=args.time,
+        )
+        return text, 0
     checks = recipe.check()
     status = 0 if all(ok for _, ok, _ in checks) else 1
     if args.json:

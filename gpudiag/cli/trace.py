@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = analyze_trace(args.files, include_last_step=args.include_last_step)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        data = report.to_dict()
+        data["collectives"] = report.collectives().to_dict()
+        print(json.dumps(data, indent=2))
         return 0
     print(report)
     kernels = report.top_kernels(args.top)
@@ -55,7 +57,12 @@ def run(args: argparse.Namespace) -> int:
         for c in report.comparison:
             flag = "  <- straggler" if c.rank in report.stragglers else ""
             print(
-                f"  rank {c.rank:>3}: compute {c.compute_us / 1000:>9.2f} ms, communication "
-                f"{c.communication_us / 1000:>9.2f} ms, idle {c.idle_us / 1000:>9.2f} ms{flag}"
+                f"  rank {c.rank:>3}: compute {c.compute_us / 1000:>9.2f} ms, exposed "
+                f"communication {c.communication_us / 1000:>9.2f} ms, idle "
+                f"{c.idle_us / 1000:>9.2f} ms{flag}"
             )
+    collectives = report.collectives()
+    if collectives.calls:
+        print("\nCollectives:")
+        print("\n".join(repr(collectives).splitlines()[1:]))
     return 0

@@ -12,9 +12,10 @@ from pydantic import Field, field_validator
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
 
-# Values stay plain tokens so an exported line can never smuggle shell syntax.
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:=/+\-]*$")
-_NCCL_NAME = re.compile(r"^NCCL_[A-Z0-9_]+$")
+# Values stay plain tokens so an exported line can never smuggle shell syntax. Matched with
+# fullmatch: "$" alone also matches before a trailing newline ("NCCL_ALGO\n" would pass).
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:=/+\-]*")
+_NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]+")
 
 
 class _Environment(FixSpec):
@@ -64,9 +65,9 @@ class NcclParams(FixParams):
     @classmethod
     def _names_and_values(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
-            if not _NCCL_NAME.match(name):
+            if not isinstance(name, str) or not _NCCL_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an NCCL variable (NCCL_ followed by capitals)")
-            if not _SAFE_VALUE.match(text):
+            if not _SAFE_VALUE.fullmatch(text):
                 raise ValueError(f"value of {name} may hold only letters, digits and _.,:=/+-")
         return value
 

@@ -158,8 +158,9 @@ def rank_comparison_figure(report: TraceReport) -> Any:
         ("memory", "memory_us"),
         ("idle: other", "idle_us"),
     ):
+        names = {"idle_us": "idle", "communication_us": "communication (exposed)"}
         fig.add_bar(
-            name="idle" if attr == "idle_us" else label,
+            name=names.get(attr, label),
             x=x,
             y=[getattr(r, attr) / 1000.0 for r in rows],
             marker_color=COLORS[label],

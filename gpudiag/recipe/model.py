@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,6 +20,57 @@ from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflic
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "gpudiag.recipe"
+# A recipe is a few fixes with flat parameters: nesting deeper than this, or a file larger, is
+# not a recipe, and refusing it early keeps a hostile file from exhausting the stack or memory.
+MAX_DEPTH = 16
+MAX_BYTES = 4 * 1024 * 1024
+MAX_NODES = 100_000
+# POSIX shell variable names (IEEE Std 1003.1, "Name"); fullmatch, since "$" alone would let
+# a name with a trailing newline through and inject a line into an exported script.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def check_env_name(name: str) -> str:
+    """``name`` if it is a safe environment variable name, else RecipeError."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        raise RecipeError(
+            f"{name!r} is not an environment variable name gpudiag exports: capitals, digits and "
+            "underscores, not starting with a digit ([A-Z_][A-Z0-9_]*)"
+        )
+    return name
+
+
+def env_value(value: str) -> str:
+    """``value`` quoted for a POSIX shell; RecipeError for a NUL or a line break, which no
+    environment variable of a launch needs and which would split an exported line."""
+    if not isinstance(value, str) or any(c in value for c in "\0\n\r"):
+        raise RecipeError(
+            f"environment value {value!r} holds a NUL or a line break: refused in exports"
+        )
+    return shlex.quote(value)
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why ``data`` cannot be a recipe by its shape alone: lists/mappings nested deeper than
+    MAX_DEPTH, or more than MAX_NODES values (YAML aliases can make a small file expand
+    into billions: "billion laughs"). Iterative, so there is no recursion to exhaust."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    nodes = 0
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            return f"holds more than {MAX_NODES} values"
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            return f"nests lists or mappings more than {MAX_DEPTH} deep"
+        stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 class Evidence(BaseModel):
@@ -175,6 +227,12 @@ class Recipe(BaseModel):
                 f"{source}: a recipe is a mapping (kind, schema_version, fixes), "
                 f"got {type(data).__name__}"
             )
+        problem = _shape_problem(data)
+        if problem:
+            raise RecipeError(
+                f"{source} {problem}: not a recipe (a recipe is a list of fixes with flat "
+                "parameters)"
+            )
         if data.get("kind", RECIPE_KIND) != RECIPE_KIND:
             raise RecipeError(
                 f"{source}: kind is {data.get('kind')!r}, not {RECIPE_KIND!r}: not a gpudiag recipe"
@@ -191,15 +249,28 @@ class Recipe(BaseModel):
     def load(cls, path: str | os.PathLike[str]) -> Recipe:
         """Read a recipe (``.json``, else YAML with the safe loader); errors say what to fix."""
         p = Path(path)
+        fmt = "JSON" if p.suffix.lower() == ".json" else "YAML"
         try:
-            text = p.read_text(encoding="utf-8")
+            with p.open("rb") as fh:
+                raw = fh.read(MAX_BYTES + 1)
         except OSError as exc:
             raise RecipeError(f"cannot read recipe {p}: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        if len(raw) > MAX_BYTES:
             raise RecipeError(
-                f"{p} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {exc}"
+                f"{p} is larger than {MAX_BYTES // 2**20} MiB: not a recipe (a recipe is a few "
+                "fixes and their evidence)"
+            )
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecipeError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        try:
+            data = json.loads(text) if fmt == "JSON" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise RecipeError(f"{p} is not valid {fmt}: {exc}") from None
+        except RecursionError:
+            raise RecipeError(
+                f"{p} nests lists or mappings too deeply for a {fmt} recipe: not a recipe"
             ) from None
         return cls.from_dict(data, source=str(p))
 
@@ -229,37 +300,92 @@ class Recipe(BaseModel):
         return [f.fix() for f in self.fixes]
 
     def env_vars(self) -> dict[str, str]:
+        """The environment the recipe's environment fixes set; every name is checked against
+        ``[A-Z_][A-Z0-9_]*`` (RecipeError otherwise), whatever fix produced it."""
         out: dict[str, str] = {}
         for fix in self.fix_objects():
-            out.update(fix.env())
+            out.update({check_env_name(k): v for k, v in fix.env().items()})
         return out
 
     def to_env(self) -> str:
-        """``export NAME=value`` lines for the environment fixes (empty when there are none)."""
-        return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.env_vars().items())
+        """``export NAME=value`` lines for the environment fixes (empty when there are none);
+        values are shell-quoted."""
+        return "".join(f"export {k}={env_value(v)}\n" for k, v in self.env_vars().items())
 
     def torchrun_command(
         self,
         script: str = "train.py",
         *,
         nproc_per_node: int | str = "gpu",
+        nnodes: int | str = 1,
+        rdzv_endpoint: str | None = None,
+        rdzv_id: str | None = None,
         args: Sequence[str] = (),
     ) -> str:
-        """A launch line with the recipe's environment: ``NAME=value torchrun ... script``."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_vars().items())
-        cmd = f"torchrun --standalone --nproc_per_node={nproc_per_node} {shlex.quote(script)}"
-        if args:
-            cmd += " " + " ".join(shlex.quote(a) for a in args)
-        return f"{env} {cmd}" if env else cmd
+        """A launch line with the recipe's environment: ``NAME=value torchrun ... script``.
+
+        One node: ``torchrun --standalone``. Several (``nnodes=2`` or elastic ``"1:4"``): a c10d
+        rendezvous at ``rdzv_endpoint`` (default ``$MASTER_ADDR:29500``, expanded by the shell
+        on each node); run the line on every node. Values are checked or shell-quoted; a value
+        that cannot be made safe is a RecipeError.
+        """
+        from gpudiag.recipe.launch import torchrun_command
+
+        return torchrun_command(
+            self.env_vars(),
+            script,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            args=args,
+        )
+
+    def slurm_script(
+        self,
+        script: str = "train.py",
+        *,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        cpus_per_task: int | None = None,
+        job_name: str = "gpudiag-train",
+        partition: str | None = None,
+        time: str | None = None,
+        port: int = 29500,
+        args: Sequence[str] = (),
+    ) -> str:
+        """A SLURM batch script (``sbatch job.sh``): ``nodes`` nodes, one task per node running
+        ``torchrun`` with ``gpus_per_node`` ranks, the first node as rendezvous host, the
+        recipe's environment exported. Values are checked or shell-quoted."""
+        from gpudiag.recipe.launch import slurm_script
+
+        summary = [f"gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
+        summary += [f"  {f.fix().label}" for f in self.fixes]
+        return slurm_script(
+            self.env_vars(),
+            script,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task,
+            job_name=job_name,
+            partition=partition,
+            time=time,
+            port=port,
+            args=args,
+            comment="\n".join(summary),
+        )
 
     def to_python(self, path: str = "recipe.yaml") -> str:
-        """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent."""
-        lines = [f"# gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
+        """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent.
+
+        Text from the recipe (workload, hardware, evidence, labels) only ever lands in comments,
+        one line each: a line break in it cannot start a line of code."""
+        lines = [f"# gpudiag recipe{f' for {_one_line(self.workload)}' if self.workload else ''}"]
         if self.hardware:
-            lines.append(f"# measured on {self.hardware}")
+            lines.append(f"# measured on {_one_line(self.hardware)}")
         for f in self.fixes:
             evidence = f" - {f.evidence.summary()}" if f.evidence else ""
-            lines.append(f"#   {f.fix().label}{evidence}")
+            lines.append(f"#   {_one_line(f.fix().label + evidence)}")
         env = self.to_env()
         if env:
             lines.append("# Environment fixes must be set before the process starts:")
@@ -279,7 +405,10 @@ class Recipe(BaseModel):
         plain = [
             line
             for fix in self.fix_objects()
-            for line in [f"# {fix.label}:", *(f"#     {c}" for c in fix.code())]
+            for line in [
+                f"# {_one_line(fix.label)}:",
+                *(f"#     {_one_line(c)}" for c in fix.code()),
+            ]
             if fix.code()
         ]
         if plain:
@@ -376,6 +505,11 @@ class Recipe(BaseModel):
         )
         notes = "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
         return card("gpudiag recipe", html_grid(("fix", "kind", "evidence"), rows) + facts + notes)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every line break (as ``str.splitlines`` knows them) turned into a space."""
+    return " ".join(str(text).splitlines())
 
 
 def _error_text(err: Any) -> str:

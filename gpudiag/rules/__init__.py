@@ -56,6 +56,7 @@ def diagnose(
     runtime: Mapping[str, Any] | None = None,
     scaling: Any = True,
     progress: bool | ProgressFn = True,
+    collectives: Any = None,
 ) -> Diagnosis:
     """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
 
@@ -71,7 +72,9 @@ def diagnose(
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
     ``BatchScaling`` is used as given. ``progress``: bars over the profile and the batch
     scaling (``True``), none (``False``), or a callback that gets a ``gpudiag._progress.Progress``
-    per step or round and ``finished`` after each stage.
+    per step or round and ``finished`` after each stage. ``collectives``: measured collective
+    bandwidth (``gd.bench.allreduce`` results or ``parse_nccl_tests`` logs), judged against the
+    topology.
     """
     on_progress = resolve(progress)
     if isinstance(workload, str):
@@ -105,6 +108,7 @@ def diagnose(
         code=code,
         runtime=runtime,
         batch_scaling=scaling or None,
+        collectives=collectives,
         env=dict(os.environ if env is None else env),
     )
     return run_rules(evidence)

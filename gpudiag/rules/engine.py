@@ -57,6 +57,8 @@ class EvidenceBundle:
     code: str | None = None  # source text to scan for API misuse
     runtime: Mapping[str, Any] | None = None  # torch switches of this process
     batch_scaling: Any = None  # gpudiag.experiment.batch_scaling.BatchScaling
+    # measured collective bandwidth: CollectiveResults (gd.bench.allreduce, nccl-tests logs)
+    collectives: Any = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def has(self, need: str) -> bool:

@@ -21,6 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from gpudiag.analysis.nccl import (
+    LOW_SHARE,
+    MIN_JUDGED_BYTES,
+    NCCL_EFFICIENCY,
+    link_budget,
+    measured_busbw,
+)
 from gpudiag.probe.topology import (
     P2P_UNSUPPORTED,
     GpuPlacement,
@@ -28,6 +35,7 @@ from gpudiag.probe.topology import (
     format_cpulist,
     parse_cpulist,
 )
+from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity
 
@@ -331,4 +339,150 @@ def _affinity_finding(
             items,
             threshold="process pinned to CPUs partly outside the primary GPU's CPU affinity",
             instruction=f"pin it to the GPU's own CPUs instead: {bind}",
+        )
+
+
+# --- NCCL bandwidth against the links ---------------------------------------------------
+
+
+def _cc_major(evidence: EvidenceBundle) -> int | None:
+    gpu = evidence.system.primary_gpu if evidence.system is not None else None
+    cc = gpu.compute_capability if gpu is not None else None
+    return int(cc[0]) if cc else None
+
+
+def _pcie_gen(evidence: EvidenceBundle) -> int | None:
+    """The lowest PCIe generation the GPUs' links can run at (NVML ``gen_max``)."""
+    gens = [int(g) for gpu in evidence.system.gpus if (g := gpu.info.pcie.gen_max.get())]
+    return min(gens) if gens else None
+
+
+def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
+    """The best large-message bus bandwidth over at most this node's GPUs: measured results
+    first, then a GPU trace's calls. Collectives over more ranks cross the network between
+    nodes, which the GPU links do not bound."""
+    node_gpus = len(evidence.system.gpus)
+    results = evidence.collectives
+    if results is not None:
+        items = results if isinstance(results, (list, tuple)) else [results]
+        found = measured_busbw(items, max_ranks=node_gpus)
+        if found is not None:
+            return found
+    trace = evidence.trace
+    if trace is None or not getattr(trace, "has_gpu_events", False):
+        return None
+    best: tuple[float, int, str] | None = None
+    for call in trace.collectives().calls:
+        bw = call.busbw_gbps
+        if (
+            bw is None
+            or call.timed_on != "gpu"
+            or call.group_size > node_gpus
+            or (call.size_bytes or 0) < MIN_JUDGED_BYTES
+            or call.op not in ("all_reduce", "all_gather", "reduce_scatter")
+        ):
+            continue
+        if best is None or bw > best[0]:
+            best = (bw, call.size_bytes or 0, f"{trace_source(trace)} ({call.op} #{call.seq})")
+    return best
+
+
+@rule("nccl.busbw", category=CATEGORY, needs=("gpu",))
+def nccl_bus_bandwidth(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """Measured NCCL bus bandwidth well below what the node's GPU links should give."""
+    if len(evidence.system.gpus) < 2 and evidence.collectives is None:
+        return  # one GPU: no collective inside this node to judge
+    measured = _measured(evidence)
+    if measured is None:
+        yield NotEvaluated(
+            "nccl.busbw",
+            "a measured collective of 32 MiB or more within this node's GPUs (gd.bench.allreduce, "
+            "an nccl-tests log passed as collectives=, or a GPU trace with large all-reduce / "
+            "all-gather calls; collectives across nodes are bound by the network instead)",
+        )
+        return
+    topology = getattr(evidence.system, "topology", None)
+    budget = link_budget(
+        topology.links if topology is not None else (),
+        cc_major=_cc_major(evidence),
+        pcie_gen=_pcie_gen(evidence),
+    )
+    if budget is None or topology is None:
+        yield NotEvaluated("nccl.busbw", _UNKNOWN)
+        return
+    busbw, size, source = measured
+    share = busbw / budget.link_gbps
+    if share >= LOW_SHARE:
+        return
+    yield Finding(
+        "nccl.busbw_low",
+        Severity.HIGH if share < LOW_SHARE / 2 else Severity.MEDIUM,
+        CATEGORY,
+        f"collectives reach {busbw:.0f} GB/s bus bandwidth, {share:.0%} of the {budget.link_gbps:g}"
+        f" GB/s the GPUs' links carry ({budget.link}); a healthy node reaches about "
+        f"{budget.expected_busbw_gbps:.0f} GB/s",
+        (
+            Evidence("measured bus bandwidth", round(busbw, 1), "GB/s", source),
+            Evidence("message size", f"{size / 2**20:,.0f}", "MiB", source),
+            Evidence(
+                "link bandwidth per GPU and direction", budget.link_gbps, "GB/s", topology.source
+            ),
+            Evidence(
+                "expected bus bandwidth",
+                round(budget.expected_busbw_gbps, 1),
+                "GB/s",
+                f"{budget.basis}; x{NCCL_EFFICIENCY:g}",
+            ),
+            *(Evidence("assumed", note, source="gpudiag") for note in budget.notes),
+        ),
+        threshold=f"bus bandwidth of the largest messages < {LOW_SHARE:.0%} of the link bandwidth "
+        f"(high below {LOW_SHARE / 2:.0%})",
+        instruction="run NCCL with NCCL_DEBUG=INFO and read which transport each channel uses "
+        "(P2P/CUMEM, SHM or NET): SHM or NET between GPUs of one node means P2P is off "
+        "(NCCL_P2P_DISABLE, IOMMU/ACS) or a link is down (`nvidia-smi nvlink --status`); "
+        "compare with nccl-tests' all_reduce_perf on the same GPUs",
+    )
+
+
+@rule("topo.nic_affinity", category=CATEGORY, needs=("gpu",))
+def nic_affinity(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
+    """GPUs whose nearest network card is across the CPU socket link (SYS)."""
+    for topology in _topology(evidence, "topo.nic_affinity"):
+        if isinstance(topology, NotEvaluated):
+            yield topology
+            return
+        if not topology.nics or not topology.nic_links:
+            return
+        far = [
+            (g, row)
+            for g, row in zip(topology.gpus, topology.nic_links, strict=False)
+            if row and all(label in ("SYS", "NODE") for label in row)
+        ]
+        if not far:
+            return
+        labels = sorted({label for _, row in far for label in row})
+        yield Finding(
+            "topo.nic_far",
+            Severity.LOW,
+            CATEGORY,
+            f"{len(far)} of {topology.gpu_count} GPUs reach every network card "
+            f"({', '.join(topology.nics)}) only through the CPU ({'/'.join(labels)}): across "
+            "nodes their NCCL traffic crosses the host, and GPUDirect RDMA is usually not used "
+            "at that distance",
+            (
+                *(
+                    Evidence(
+                        f"{g.name} to {', '.join(topology.nics)}",
+                        "/".join(row),
+                        source=topology.source,
+                    )
+                    for g, row in far[:SHOWN_PAIRS]
+                ),
+                Evidence("GPUs affected", len(far), f"of {topology.gpu_count}", topology.source),
+            ),
+            threshold="every NIC is NODE or SYS away from a GPU in `nvidia-smi topo -m`",
+            instruction="for jobs across nodes: a NIC under the same PCIe switch as each GPU "
+            "(PIX/PXB) lets NCCL use GPUDirect RDMA; NCCL_NET_GDR_LEVEL sets the farthest "
+            "distance it is used at, and NCCL_DEBUG=INFO shows whether it is (GDRDMA). On one "
+            "node this does not matter",
         )

@@ -166,7 +166,41 @@ def test_exposed_communication_on_multinode_trace(fixtures_dir: Path) -> None:
 
 def test_overlapped_communication_is_not_flagged(fixtures_dir: Path) -> None:
     trace = _trace(fixtures_dir, MULTINODE_A100)
-    assert "comm.exposed" not in _findings(_edit(trace, comm_compute_overlap=0.9))
+    rank = trace.ranks[0]
+    assert rank.breakdown is not None
+    # The same communication time, 97 % of it under compute: 0.4 % of the span exposed.
+    comm = sum(v for k, v in rank.busy_by_category_set.items() if "communication" in k)
+    hidden = {"compute+communication": 0.97 * comm, "communication": 0.03 * comm}
+    by_set = {k: v for k, v in rank.busy_by_category_set.items() if "communication" not in k}
+    edited = _edit(
+        trace,
+        busy_by_category_set={**by_set, **hidden},
+        breakdown=dataclasses.replace(rank.breakdown, communication_us=0.03 * comm),
+    )
+    assert "comm.exposed" not in _findings(edited)
+
+
+def test_exposed_communication_arithmetic_on_hta_control(fixtures_dir: Path) -> None:
+    # HTA's trace_diff control (A100, rank 3 of 8). Time by category set, in us, over a
+    # 383,404 us span: communication alone 69,110, with compute 55,152, with memory 1,087, with
+    # compute and memory 7,161 -> total 132,510 (34.6 %), overlapped 62,313 (47.0 %), exposed
+    # 70,197 (18.3 %) = total x (1 - overlap). The gain is the exposed share, not less.
+    trace = _trace(fixtures_dir, CONTROL_A100)
+    diagnosis = run_rules(EvidenceBundle(trace=trace, env={}), only=["comm.exposed"])
+    (finding,) = diagnosis.findings
+    values = {e.name: e.value for e in finding.evidence}
+    assert values["communication"] == pytest.approx(34.6)
+    assert values["communication overlapped by compute"] == pytest.approx(47.0)
+    assert values["exposed communication"] == pytest.approx(18.3)
+    assert finding.estimated_gain == pytest.approx(70197 / 383404)
+    assert "34.6%" in finding.message
+    assert "18.3%" in finding.message
+    assert finding.severity is Severity.MEDIUM
+    comm = trace.communication()
+    assert comm is not None
+    assert comm.overlap is not None
+    assert comm.total_share is not None
+    assert comm.total_share * (1 - comm.overlap) == pytest.approx(comm.exposed_share)
 
 
 def test_launch_bound_suggests_compile_reduce_overhead(fixtures_dir: Path) -> None:

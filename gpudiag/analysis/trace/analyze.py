@@ -20,6 +20,7 @@ from gpudiag.analysis.trace.breakdown import (
     stream_idle,
     temporal,
 )
+from gpudiag.analysis.trace.collectives import rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
@@ -33,7 +34,7 @@ from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.load import load_trace
 from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
 from gpudiag.analysis.trace.nesting import nest
-from gpudiag.analysis.trace.ranks import stragglers, summarize
+from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
 from gpudiag.analysis.trace.shapes import shaped_ops
 from gpudiag.analysis.trace.steps import dataloader_share, step_reports
@@ -187,6 +188,9 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
 
+    collectives, collective_notes = rank_collectives(
+        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
+    )
     return RankReport(
         rank=rank,
         path=trace.path,
@@ -213,6 +217,8 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         metadata=trace.metadata,
         shaped_ops=shaped,
         attention=attention,
+        collectives=collectives,
+        collective_notes=collective_notes,
     )
 
 
@@ -277,6 +283,7 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
                 "Make sure the profiled code ran inside the schedule's active steps and that "
                 "prof.step() is called once per step."
             )
+    check_one_job(traces)
     ranks, notes = _assign_ranks(traces)
     reports = sorted(
         (

@@ -23,11 +23,13 @@ import numpy as np
 
 from gpudiag.analysis.costed_ops import COSTED_OPS
 from gpudiag.analysis.trace.model import (
+    COMM_ANNOTATION,
     IGNORED_CATEGORIES,
     KIND_OF_CATEGORY,
     STEP_PREFIX,
     SYNC_CONTEXT_OPS,
     SYNC_RUNTIME_NAMES,
+    CommArgs,
     DeviceProperties,
     Events,
     Kind,
@@ -52,6 +54,7 @@ _OTHER = int(Kind.OTHER)
 _KERNEL = int(Kind.KERNEL)
 _KNOWN_PHASES = frozenset({"s", "f", "t", "i", "I", "C"})  # flows, instants, counters
 _CPU_OP = int(Kind.CPU_OP)
+_ANNOTATION = int(Kind.ANNOTATION)
 # Input lists stay undecoded JSON (a slice of the block) until the event proves to be one of
 # the few costed operators: decoding them for every operator would cost time and memory, and
 # a Raw field never fails validation, so an odd value cannot push a block onto the slow path.
@@ -80,6 +83,13 @@ class _Args(msgspec.Struct, gc=False):
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     concrete_inputs: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Concrete Inputs")
+    # Collective fields of communication kernels, undecoded for the same reason as the inputs.
+    collective_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Collective name")
+    in_msg_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="In msg nelems")
+    out_msg_nelems: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Out msg nelems")
+    msg_dtype: msgspec.Raw = msgspec.field(default=_NO_RAW, name="dtype")
+    group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
+    pg_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Name")
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -193,6 +203,55 @@ def _op_inputs(a: _Args) -> OpInputs | None:
     )
 
 
+def _decoded(raw: msgspec.Raw) -> Any:
+    if not raw:
+        return None
+    try:
+        return _ANY_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+_COLLECTIVE_NAME = re.compile(r"[A-Za-z_]{1,64}")
+_MAX_NELEMS = 1 << 48  # elements of one message: far above any GPU's memory
+_MAX_GROUP = 1 << 24  # ranks in one process group
+
+
+def _count(raw: msgspec.Raw, most: int) -> int | None:
+    """A whole number from 0 to ``most``; None for anything else (a float such as 1e300 would
+    otherwise become a 300-digit int)."""
+    value = _decoded(raw)
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= most:
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
+    return value if ok else None
+
+
+def _comm_args(a: _Args) -> CommArgs | None:
+    """The collective recorded on a communication kernel; None when absent or malformed."""
+    name = _decoded(a.collective_name)
+    if not isinstance(name, str) or not _COLLECTIVE_NAME.fullmatch(name):
+        return None
+    dtype, group = _decoded(a.msg_dtype), _decoded(a.pg_name)
+    return CommArgs(
+        collective=name,
+        in_nelems=_count(a.in_msg_nelems, _MAX_NELEMS),
+        out_nelems=_count(a.out_msg_nelems, _MAX_NELEMS),
+        dtype=dtype if isinstance(dtype, str) and len(dtype) <= 32 else "",
+        group_size=_count(a.group_size, _MAX_GROUP),
+        process_group=str(group)[:64] if isinstance(group, (str, int)) else "",
+    )
+
+
+def _is_comm(name: str) -> bool:
+    return ":" in name[:6] and COMM_ANNOTATION.fullmatch(name) is not None
+
+
+def _keeps_inputs(name: str) -> bool:
+    """Operators whose recorded inputs are kept: costed ones and collective ranges."""
+    return name in COSTED_OPS or _is_comm(name)
+
+
 def _loose_event(raw: Any) -> _Event | None:
     """An event from an untyped dict, dropping fields of unexpected types (slow path);
     integers dropped for being beyond int64 are counted in its ``beyond_int64``."""
@@ -233,7 +292,14 @@ def _loose_event(raw: Any) -> _Event | None:
             nbytes=pick(args, "bytes", (int,)),
             call_stack=pick(args, "Call stack", (str,)),
         )
-        if raw.get("name") in COSTED_OPS:
+        if "Collective name" in args:
+            parsed_args.collective_name = _raw(args.get("Collective name"))
+            parsed_args.in_msg_nelems = _raw(args.get("In msg nelems"))
+            parsed_args.out_msg_nelems = _raw(args.get("Out msg nelems"))
+            parsed_args.msg_dtype = _raw(args.get("dtype"))
+            parsed_args.group_size = _raw(args.get("Group size"))
+            parsed_args.pg_name = _raw(args.get("Process Group Name"))
+        if _keeps_inputs(str(raw.get("name", ""))):
             parsed_args.input_dims = _raw(args.get("Input Dims"))
             parsed_args.input_type = _raw(args.get("Input type"))
             parsed_args.concrete_inputs = _raw(args.get("Concrete Inputs"))
@@ -295,6 +361,7 @@ class _Columns:
         self.threads: dict[tuple[int | str, int | str], int] = {}
         self.stacks: dict[int, str] = {}
         self.inputs: dict[int, OpInputs] = {}
+        self.comm_args: dict[int, CommArgs] = {}
         # The same layer records the same inputs every step: one shared record per spelling.
         self._seen_inputs: dict[tuple[bytes, bytes, bytes], OpInputs | None] = {}
         self.unknown: Counter[str] = Counter()
@@ -373,6 +440,10 @@ class _Columns:
                 a = args[i]
                 if a is not None:
                     stream[i], device[i], extra[i] = self._add_gpu(xs[i], a, k)
+                    if k == _KERNEL and a.collective_name:
+                        found = _comm_args(a)
+                        if found is not None:
+                            self.comm_args[first_row + i] = found
         self.stream.fromlist(stream)
         self.device.fromlist(device)
         self.extra.fromlist(extra)
@@ -382,9 +453,9 @@ class _Columns:
                 if name in SYNC_RUNTIME_NAMES or name in SYNC_CONTEXT_OPS:
                     self.stacks[first_row + i] = a.call_stack
         costed, seen = COSTED_OPS, self._seen_inputs
-        for i in [i for i, e in enumerate(xs) if e.name in costed]:
+        for i in [i for i, e in enumerate(xs) if e.name in costed or _is_comm(e.name)]:
             a = args[i]
-            if a is None or kinds[i] != _CPU_OP:
+            if a is None or kinds[i] not in (_CPU_OP, _ANNOTATION):
                 continue
             key = (bytes(a.input_dims), bytes(a.input_type), bytes(a.concrete_inputs))
             if key in seen:
@@ -476,6 +547,7 @@ class _Columns:
             launches=launches,
             stacks=dict(self.stacks),
             inputs=dict(self.inputs),
+            comm_args=dict(self.comm_args),
         )
 
 

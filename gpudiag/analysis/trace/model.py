@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,11 @@ KIND_OF_CATEGORY: dict[str, Kind] = {
     "cuda_sync": Kind.GPU_SYNC,
     "gpu_user_annotation": Kind.GPU_ANNOTATION,
 }
+# ``record_function`` ranges torch.distributed opens around a collective ("nccl:all_reduce",
+# "gloo:all_gather"): the loader keeps their recorded inputs (the message), and the collective
+# analysis reads them. For gloo the range is the collective's execution on its worker thread.
+COMM_ANNOTATION = re.compile(r"(nccl|gloo|ucc|mpi|xccl|rccl):([A-Za-z_]+)")
+
 # Categories that are known and deliberately not analysed (not "unknown event types").
 IGNORED_CATEGORIES: frozenset[str] = frozenset(
     {"Trace", "ac2g", "async", "fwdbwd", "async_cpu_to_gpu", "cuda_profiler_range"}
@@ -154,6 +160,19 @@ class OpInputs:
     concrete: tuple[str, ...] | None
 
 
+@dataclass(frozen=True)
+class CommArgs:
+    """What newer PyTorch (2.1+) records on a communication kernel: the collective, its message
+    in elements, the element type, the process group and its size. None/"" where not recorded."""
+
+    collective: str
+    in_nelems: int | None
+    out_nelems: int | None
+    dtype: str
+    group_size: int | None
+    process_group: str
+
+
 @dataclass(frozen=True, eq=False)
 class Events:
     """Every complete event of one trace file as parallel arrays (one row per event).
@@ -177,7 +196,10 @@ class Events:
     launches: LaunchTable
     stacks: Mapping[int, str]  # event row -> "Call stack" arg, kept for sync events only
     # event row -> input shapes, for the few operators the roofline can cost (COSTED_OPS)
+    # and the collective ranges (COMM_ANNOTATION)
     inputs: Mapping[int, OpInputs] = field(default_factory=dict)
+    # event row -> the collective a communication kernel belongs to (newer traces only)
+    comm_args: Mapping[int, CommArgs] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])

@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING, Any
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.trace.attention import AttentionUse
 from gpudiag.analysis.trace.breakdown import StreamIdle, TimeBreakdown
+from gpudiag.analysis.trace.collectives import (
+    CollectiveCall,
+    CollectiveReport,
+    match_collectives,
+)
 from gpudiag.analysis.trace.cpu_ops import CpuOpStats
 from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
 from gpudiag.analysis.trace.launches import LaunchStats
 from gpudiag.analysis.trace.model import DeviceProperties
-from gpudiag.analysis.trace.ranks import RankSummary
+from gpudiag.analysis.trace.ranks import CommOverlap, RankSummary, comm_overlap, pooled_overlap
 from gpudiag.analysis.trace.shapes import GemmShape, ShapedOp, gemm_shapes
 from gpudiag.analysis.trace.steps import StepReport
 from gpudiag.analysis.trace.syncs import SyncEvent, SyncSite
@@ -80,6 +85,9 @@ class RankReport:
     metadata: Mapping[str, Any]
     shaped_ops: tuple[ShapedOp, ...] = ()  # outermost matmul/conv/attention calls in the window
     attention: AttentionUse = field(default_factory=AttentionUse)  # eager and fused attention
+    # collective calls over the whole trace (not only the window), and what was left out
+    collectives: tuple[CollectiveCall, ...] = ()
+    collective_notes: tuple[str, ...] = ()
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -285,7 +293,44 @@ class TraceReport:
         return self.rank(rank).launches
 
     def comm_compute_overlap(self, rank: int | None = None) -> float | None:
+        """Share of communication time overlapped by compute on one rank (``None``: the
+        first); ``communication()`` pools the ranks."""
         return self.rank(rank).comm_compute_overlap
+
+    def collectives(self) -> CollectiveReport:
+        """Every collective call matched across the ranks: duration, the rank that arrived
+        last, start-time skew, wait per rank, NCCL algorithm and bus bandwidth (see
+        ``gpudiag.analysis.trace.collectives``)."""
+        notes = [
+            (f"rank {r.rank}: " if len(self.ranks) > 1 else "") + n
+            for r in self.ranks
+            for n in r.collective_notes
+        ]
+        hosts = {r.rank: str(r.metadata.get("host_name") or "") for r in self.ranks}
+        return match_collectives(
+            {r.rank: r.collectives for r in self.ranks},
+            world_size=self.ranks[0].world_size,
+            bases={r.rank: r.metadata.get("baseTimeNanoseconds") for r in self.ranks},
+            hosts={k: v for k, v in hosts.items() if v},
+            notes=notes,
+        )
+
+    def communication_by_rank(self) -> tuple[CommOverlap, ...]:
+        """Total, overlapped and exposed communication of each rank with GPU events."""
+        return tuple(
+            comm_overlap(r.rank, r.breakdown, r.busy_by_category_set)
+            for r in self.ranks
+            if r.breakdown is not None
+        )
+
+    def communication(self, rank: int | None = None) -> CommOverlap | None:
+        """Communication of one rank, or of every rank pooled (``rank=None``, microseconds
+        added over the ranks); None without GPU events."""
+        rows = self.communication_by_rank()
+        if rank is not None:
+            self.rank(rank)  # a TraceError naming the known ranks
+            rows = tuple(r for r in rows if r.rank == rank)
+        return pooled_overlap(rows)
 
     def shaped_ops(self, rank: int | None = None) -> tuple[ShapedOp, ...]:
         """Matmul, convolution and attention calls with their recorded input shapes (the
@@ -348,6 +393,10 @@ class TraceReport:
             "dataloader_share": jsonable(self.dataloader_share),
             "tensor_core_share": jsonable(self.tensor_core_share),
             "gemm_shapes": [g.to_dict() for g in self.gemm_shapes()],
+            "communication": {
+                "pooled": c.to_dict() if (c := self.communication()) is not None else None,
+                "by_rank": [r.to_dict() for r in self.communication_by_rank()],
+            },
             "comparison": [c.to_dict() for c in self.comparison],
             "stragglers": list(self.stragglers),
             "missing_ranks": list(self.missing_ranks),
@@ -369,13 +418,23 @@ class TraceReport:
             rows.append(("GPU span", _ms(span)))
             for key, label in (
                 ("compute_us", "compute"),
-                ("communication_us", "communication (NCCL)"),
+                ("communication_us", "communication, no compute alongside (exposed)"),
                 ("memory_us", "memcpy / memset"),
                 ("sync_us", "sync events"),
                 ("idle_us", "idle"),
             ):
                 value = b[key] or 0.0
                 rows.append((label, f"{_ms(value)} ({_pct(value / span)})"))
+            comm = self.communication()
+            if comm is not None and comm.total_us > 0:
+                scope = f", {comm.label}" if comm.rank is None else ""
+                rows.append(
+                    (
+                        f"communication kernels in all{scope}",
+                        f"{_ms(comm.total_us)} ({_pct(comm.total_share)}), "
+                        f"{_pct(comm.overlap)} of it overlapped by compute",
+                    )
+                )
             idle = b["idle_us"] or 0.0
             if idle > 0:
                 rows.append(

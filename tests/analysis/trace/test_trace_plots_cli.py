@@ -42,9 +42,11 @@ def test_idle_timeline_has_a_bar_per_step(report_of: Report) -> None:
 
 
 def test_rank_comparison_figure(traces_dir: Path) -> None:
-    report = analyze_trace([traces_dir / A100_CONTROL, traces_dir / V100_TEST])
+    # The real pair of ranks 0 and 1 of a 128-rank job (HTA's trace_filter test data).
+    report = analyze_trace(traces_dir / "hta-trace_filter-2of128-ranks")
     fig = rank_comparison_figure(report)
-    assert next(iter(fig.data[0].x)).startswith("rank 1")
+    assert [x.split()[1] for x in fig.data[0].x] == ["0", "1"]
+    assert [d.name for d in fig.data][:2] == ["compute", "communication (exposed)"]
     single = rank_comparison_figure(analyze_trace(traces_dir / A100_CONTROL))
     assert "one rank only" in single.layout.annotations[0].text
 
@@ -83,12 +85,24 @@ def test_cli_trace_text(traces_dir: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_cli_trace_json_two_ranks(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        main(["trace", str(traces_dir / A100_CONTROL), str(traces_dir / V100_TEST), "--json"]) == 0
-    )
+    pair = traces_dir / "hta-trace_filter-2of128-ranks"
+    assert main(["trace", str(pair / "sampled_rank-1.json.gz"), str(pair), "--json"]) == 1
+    assert "several files claim rank 1" in capsys.readouterr().err
+    assert main(["trace", str(pair), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [r["rank"] for r in data["ranks"]] == [1, 3]
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert len(data["comparison"]) == 2
+    assert [r["rank"] for r in data["communication"]["by_rank"]] == [0, 1]
+    assert data["communication"]["pooled"]["ranks"] == 2
+
+
+def test_cli_trace_refuses_two_jobs(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Rank 3 of an 8-rank A100 job and rank 1 of a 2-rank V100 job: not one job.
+    assert main(["trace", str(traces_dir / A100_CONTROL), str(traces_dir / V100_TEST)]) == 1
+    err = capsys.readouterr().err
+    assert "different jobs" in err
+    assert "world size 2" in err
+    assert "world size 8" in err
 
 
 def test_cli_trace_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,3 +110,15 @@ def test_cli_trace_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     bad.write_text("{")
     assert main(["trace", str(bad)]) == 1
     assert "gpudiag: error:" in capsys.readouterr().err
+
+
+def test_cli_trace_lists_collectives(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = traces_dir / "param-dlrm-8rank-v100"
+    assert main(["trace", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "Collectives:" in out
+    assert "rank 7 arrived last at 5 of 8 calls" in out
+    assert main(["trace", str(folder), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {s["op"] for s in data["collectives"]["by_op"]} == {"all_reduce", "all_to_all"}
+    assert len(data["collectives"]["calls"]) == 8
