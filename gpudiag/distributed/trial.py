@@ -6,11 +6,12 @@ averaged gradient is the single-process one, so losses compare across arms and w
 run). Per arm and rank:
 
 - memory: on a CPU, torch.profiler's allocator events from *before the model is built*
-  (session A: build, wrap, optimizer; session B: the first steps); the step peak is
-  ``sum(A) + peak of B's running sum``: the bytes live after wrapping (sharded parameters, DDP's
-  gradient buckets) plus the step's high-water mark. Building inside the session matters:
-  FSDP frees the full parameters it replaces, and frees of blocks allocated before a session
-  are invisible to it. On a GPU: ``max_memory_allocated`` over the steps (untested on a real GPU).
+  (session A: build, wrap, optimizer; session B: the first steps); the step peak is the bytes
+  live after A (sharded parameters, DDP's gradient buckets) plus B's high-water mark. Building
+  inside the session matters: FSDP frees the full parameters it replaces, and frees of blocks
+  allocated before a session are invisible to it. The profiler sees only the profiling
+  thread's frees, so a block freed on a gloo thread is retired when its address is reused
+  (see live_bytes); what remains makes FSDP's CPU peak vary by a few MiB from run to run. On a GPU: ``max_memory_allocated`` over the steps (untested on a real GPU).
 - time: after the memory steps, rounds in which each arm runs ``steps_per_round`` steps in a
   seeded random order shared by all ranks, between barriers; each rank's time and the slowest
   rank's (what the job runs at) are kept.
@@ -25,7 +26,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag.experiment.memory import peak_of_running_sum
 from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.probe import cuda
 
@@ -102,15 +102,54 @@ CPU_MEMORY = "torch.profiler allocator events from before the build: live after 
 GPU_MEMORY = "torch.cuda.max_memory_allocated over the first steps (untested on a real GPU)"
 
 
-def _memory_events(fn: Callable[[], Any]) -> list[tuple[float, int]]:
-    from torch.profiler import ProfilerActivity, profile
+MemoryEvent = tuple[float, int, int]  # (time, address, signed bytes)
 
-    from gpudiag.experiment.memory import _kineto_memory_events, _trace_memory_events
+
+def _memory_events(fn: Callable[[], Any]) -> list[MemoryEvent]:
+    """CPU allocator events (time, address, bytes) of ``fn``, from the profiler's trace."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = _kineto_memory_events(prof)
-    return events if events is not None else _trace_memory_events(prof)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    out = []
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("name") == "[memory]" and "Bytes" in args and args.get("Device Type", 0) == 0:
+            out.append((float(e.get("ts", 0.0)), int(args.get("Addr", 0)), int(args["Bytes"])))
+    return sorted(out, key=lambda ev: ev[0])
+
+
+def live_bytes(events: list[MemoryEvent]) -> tuple[int, int]:
+    """(bytes live at the end, peak) of a session's allocator events, start = 0.
+
+    The profiler records a thread's allocations and frees only on the thread that profiles;
+    a block freed on another thread (gloo's, when an asynchronous collective's work object
+    dies) would stay counted forever. An allocation at an address that is still live means
+    that block was freed unseen: it is retired first.
+    """
+    live: dict[int, int] = {}
+    level = peak = 0
+    for _, addr, nbytes in events:
+        if nbytes > 0:
+            level -= live.pop(addr, 0)
+            live[addr] = nbytes
+            level += nbytes
+            peak = max(peak, level)
+        else:
+            level -= live.pop(addr, -nbytes)
+    return level, peak
 
 
 def _wrap(arm: RankArm, workload: Workload, device: str, ddp: DdpOptions) -> None:
@@ -254,12 +293,11 @@ def open_arm(
         arm.peak_bytes = None if peak is None else peak - before + arm.resident_bytes
         arm.memory_method = GPU_MEMORY
         return
-    events_a = _memory_events(build_and_wrap)
-    events_b = _memory_events(first_steps)
-    resident = sum(nbytes for _, nbytes in events_a)
+    resident, init_peak = live_bytes(_memory_events(build_and_wrap))
+    _, step_peak = live_bytes(_memory_events(first_steps))
     arm.resident_bytes = resident
-    arm.init_peak_bytes = peak_of_running_sum(events_a)
-    arm.peak_bytes = resident + peak_of_running_sum(events_b)
+    arm.init_peak_bytes = init_peak
+    arm.peak_bytes = resident + step_peak
     arm.memory_method = CPU_MEMORY
 
 

@@ -98,7 +98,7 @@ def test_rank_side_runs_ddp_and_fsdp_arms_with_accumulation(one_rank_group: None
 
 @pytest.mark.slow
 def test_fsdp_cuts_every_ranks_peak_memory_on_the_demo_gpt() -> None:
-    wl = workloads.get("gpt", seq_len=32, d_model=256, n_layer=2, vocab_size=4096)
+    wl = workloads.get("gpt", seq_len=32, d_model=384, n_layer=2, vocab_size=8192)
     before = copy.deepcopy(wl.model.state_dict())
     state = GlobalState.capture()
     result = gd.compare(
@@ -117,7 +117,7 @@ def test_fsdp_cuts_every_ranks_peak_memory_on_the_demo_gpt() -> None:
     ddp = result.peak_bytes_per_rank("ddp (baseline)")
     fsdp = result.peak_bytes_per_rank("fsdp.wrap")
     assert all(
-        f is not None and d is not None and f < 0.9 * d for f, d in zip(fsdp, ddp, strict=True)
+        f is not None and d is not None and f < 0.85 * d for f, d in zip(fsdp, ddp, strict=True)
     )
     arm = result.arm("fsdp.wrap")
     assert arm.memory is not None
@@ -147,3 +147,17 @@ def test_fsdp_cuts_every_ranks_peak_memory_on_the_demo_gpt() -> None:
 def test_a_rank_that_crashes_is_a_clear_error() -> None:
     with pytest.raises(DistributedError, match=r"2-rank trial failed.*KeyError"):
         launch({"workload": "gpt"}, 2, timeout_s=120)
+
+
+def test_live_bytes_retires_a_block_freed_unseen_on_another_thread() -> None:
+    from gpudiag.distributed.trial import live_bytes
+
+    events = [
+        (0.0, 0xA, 100),  # allocated here, freed later on a thread the profiler does not see
+        (1.0, 0xB, 50),
+        (2.0, 0xB, -50),
+        (3.0, 0xA, 30),  # same address again: the first block is gone
+        (4.0, 0xC, -70),  # a block from before the session, freed with its size
+    ]
+    assert live_bytes(events) == (-40, 150)
+    assert live_bytes([]) == (0, 0)
