@@ -90,6 +90,18 @@ class RankEvidence:
             usable_cpus=self.usable_cpus,
         )
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RankEvidence:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["step_s"] = tuple(values.get("step_s") or ())
+        values["clock_reasons"] = tuple(values.get("clock_reasons") or ())
+        values["top_ops"] = tuple(
+            (str(op["op"]), float(op["self_ms"])) for op in values.get("top_ops") or ()
+        )
+        values["environment"] = dict(values.get("environment") or {})
+        return cls(**values)
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
         out["median_step_s"] = self.median_step_s
@@ -207,6 +219,13 @@ def gather_evidence(
         error=error,
         **facts,
     )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
 
 
 # --- on rank 0 ---------------------------------------------------------------------------------
@@ -346,6 +365,35 @@ class DistributedReport:
             notes=tuple(notes),
         )
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DistributedReport:
+        """The report back from ``to_dict()`` (``torchrun -m gpudiag doctor --json`` output)."""
+        if data.get("format") != FORMAT:
+            from gpudiag.errors import GpuDiagError
+
+            raise GpuDiagError(f"not a gpudiag doctor report (format {data.get('format')!r})")
+        expected = data.get("expected_busbw") or {}
+        collective = data.get("collective")
+        return cls(
+            ranks=tuple(RankEvidence.from_dict(r) for r in data.get("ranks", ())),
+            backend=str(data.get("backend", "")),
+            stragglers=tuple(
+                Straggler(
+                    rank=int(st["rank"]),
+                    median_s=float(st["median_s"]),
+                    reference_s=float(st["reference_s"]),
+                    slower_by=float(st["slower_by"]),
+                    reasons=tuple(st.get("reasons") or ()),
+                )
+                for st in data.get("stragglers", ())
+            ),
+            collective=None if collective is None else CollectiveResult.from_dict(collective),
+            expected=ExpectedBandwidth(expected.get("busbw_gbps"), str(expected.get("basis", ""))),
+            environment=dict(data.get("environment") or {}),
+            mismatches=tuple(data.get("mismatches") or ()),
+            notes=tuple(data.get("notes") or ()),
+        )
+
     # -- presentation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return jsonable(
@@ -404,6 +452,12 @@ class DistributedReport:
             text += f", expected ~{self.expected.busbw_gbps:.0f} GB/s ({self.expected.basis})"
         else:
             text += f"; expected: unknown ({self.expected.basis})"
+        sizes = [
+            f"{_size(row.size_bytes)} {row.time_us / 1e3:.2f} ms ({row.busbw_gbps:.2f} GB/s)"
+            for row in c.rows
+        ]
+        if sizes:
+            text += "\n  per size (slowest rank): " + ", ".join(sizes)
         return text
 
     def __repr__(self) -> str:

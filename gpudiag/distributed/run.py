@@ -138,3 +138,33 @@ def on_every_rank(module: ModuleType, args: argparse.Namespace) -> int:
             print(f"=== rank {g['rank']} on {g['host']} ===")
             print(g["output"].rstrip() or f"error: {g['error']}")
     return worst
+
+
+def doctor_job(
+    nproc: int = 2,
+    *,
+    workload: str = "gpt",
+    overrides: Mapping[str, Any] | None = None,
+    steps: int = 5,
+    profile: bool = True,
+    sizes: Sequence[int] | None = None,
+    timeout_s: float = 300.0,
+) -> DistributedReport:
+    """``torchrun --nproc-per-node=N -m gpudiag doctor --json`` started from this process (a
+    notebook), its merged report read back. gloo on a CPU; one GPU per rank with NCCL."""
+    from gpudiag.distributed.launch import torchrun
+
+    if nproc < 1:
+        raise GpuDiagError(f"nproc must be at least 1, got {nproc}")
+    args = ["gpudiag", "doctor", "--json", "--workload", workload, "--steps", str(int(steps))]
+    for key, value in (overrides or {}).items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    if not profile:
+        args.append("--no-profile")
+    if sizes:
+        args += ["--sizes", *(str(int(s)) for s in sizes)]
+    out = torchrun(args, nproc, timeout_s=timeout_s, check=False)
+    try:
+        return DistributedReport.from_dict(json.loads(out))
+    except json.JSONDecodeError:
+        raise GpuDiagError(f"the doctor printed no report: {out[-500:]!r}") from None

@@ -11,7 +11,8 @@ run). Per arm and rank:
   inside the session matters: FSDP frees the full parameters it replaces, and frees of blocks
   allocated before a session are invisible to it. The profiler sees only the profiling
   thread's frees, so a block freed on a gloo thread is retired when its address is reused
-  (see live_bytes); what remains makes FSDP's CPU peak vary by a few MiB from run to run. On a GPU: ``max_memory_allocated`` over the steps (untested on a real GPU).
+  (see live_bytes); what remains makes FSDP's CPU peak vary by a few MiB from run to run.
+  On a GPU: ``max_memory_allocated`` over the steps (untested on a real GPU).
 - time: after the memory steps, rounds in which each arm runs ``steps_per_round`` steps in a
   seeded random order shared by all ranks, between barriers; each rank's time and the slowest
   rank's (what the job runs at) are kept.

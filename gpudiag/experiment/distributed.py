@@ -20,13 +20,8 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import json
-import os
-import re
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +31,7 @@ from typing import Any
 from gpudiag._report import html_grid, jsonable
 from gpudiag.analysis.stats import Measurement, speedup_ci, verdict
 from gpudiag.distributed.group import DistributedError
+from gpudiag.distributed.launch import torchrun
 from gpudiag.distributed.trial import CPU_MEMORY, DdpOptions
 from gpudiag.distributed.workload import WorkloadSpecError, check_picklable, spec_of
 from gpudiag.experiment.compare import ArmResult, Comparison
@@ -44,7 +40,6 @@ from gpudiag.experiment.memory import PeakMemory
 from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix
 from gpudiag.probe import cuda
-from gpudiag.probe.host import usable_cpus
 
 WORKER_MODULE = "gpudiag.distributed._trial_worker"
 BASELINE_LABEL = "ddp (baseline)"
@@ -168,12 +163,6 @@ def _arms(fixes: Iterable[Any]) -> tuple[list[dict[str, Any]], list[Fix], list[t
     return arms, chosen, skipped
 
 
-def _package_root() -> str:
-    import gpudiag
-
-    return str(Path(gpudiag.__file__).resolve().parents[1])
-
-
 def launch(
     plan: Mapping[str, Any],
     nproc: int,
@@ -185,46 +174,19 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="gpudiag-trial-") as tmp:
         plan_path, out_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            WORKER_MODULE,
-            str(plan_path),
-            str(out_path),
-        ]
-        env = dict(os.environ)
-        # gpudiag itself, and the caller's working directory for 'module:function' workloads.
-        paths = (_package_root(), cwd or os.getcwd(), env.get("PYTHONPATH"))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        # The ranks share the CPUs instead of each taking them all.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, usable_cpus() // nproc)))
-        with subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=cwd,
-        ) as proc:
-            watchdog = threading.Timer(timeout_s, proc.kill)  # a hung rendezvous must not hang us
-            watchdog.start()
-            assert proc.stdout is not None
-            output = proc.stdout.read()
-            code = proc.wait()
-            timed_out = not watchdog.is_alive() and code != 0
-            watchdog.cancel()
-        if code == 0 and out_path.is_file():
-            data: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
-            return data
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip() and "USDT" not in ln]
-    causes = [ln for ln in lines if re.search(r"Error|error:|No module named", ln)]
-    tail = list(dict.fromkeys(causes))[-3:] or lines[-6:]
-    why = f"killed after the {timeout_s:.0f} s timeout" if timed_out else f"exit {code}"
-    raise DistributedError(f"the {nproc}-rank trial failed ({why}): " + " | ".join(tail))
+        try:
+            torchrun(
+                [WORKER_MODULE, str(plan_path), str(out_path)],
+                nproc,
+                timeout_s=timeout_s,
+                cwd=cwd,
+            )
+        except DistributedError as exc:
+            raise DistributedError(str(exc).replace("-rank job", "-rank trial", 1)) from None
+        if not out_path.is_file():
+            raise DistributedError(f"the {nproc}-rank trial wrote no result")
+        data: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
+        return data
 
 
 def _arm_result(

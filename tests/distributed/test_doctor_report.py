@@ -14,6 +14,7 @@ from gpudiag.distributed.doctor import (
     comm_environment,
     expected_bandwidth,
 )
+from gpudiag.errors import GpuDiagError
 
 
 def _evidence(rank: int, step_ms: float, **kw: object) -> RankEvidence:
@@ -118,3 +119,18 @@ def test_comm_environment_keeps_only_communication_variables() -> None:
         "NCCL_IB_DISABLE": "1",
         "OMP_NUM_THREADS": "1",
     }
+
+
+def test_a_report_survives_its_json_round_trip() -> None:
+    report = DistributedReport.merge(
+        [_evidence(0, 10), _evidence(1, 14, clock_reasons=("hw_slowdown",))],
+        backend="nccl",
+        collective=_allreduce(0.010),
+        notes=("a note",),
+    )
+    again = DistributedReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.to_dict() == report.to_dict()
+    assert again.ranks[1].top_ops == (("aten::mm", 12.5),)
+    assert "per size (slowest rank): 64 MiB 10.00 ms" in repr(again)
+    with pytest.raises(GpuDiagError, match="not a gpudiag doctor report"):
+        DistributedReport.from_dict({"format": "other"})

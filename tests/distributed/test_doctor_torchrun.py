@@ -64,6 +64,20 @@ def test_doctor_merges_two_gloo_ranks_into_one_json_document() -> None:
 
 
 @pytest.mark.slow
+def test_a_notebook_starts_the_doctor_job_and_reads_the_report_back() -> None:
+    from gpudiag.distributed.run import doctor_job
+
+    report = doctor_job(2, overrides={"seq_len": 32}, steps=1, profile=False, sizes=[4096])
+    assert report.world_size == 2
+    assert report.backend == "gloo"
+    assert [r.rank for r in report.ranks] == [0, 1]
+    assert report.collective is not None
+    assert report.collective.sizes == (4096,)
+    assert report.measured_busbw_gbps is not None
+    assert "2 ranks on 1 host" in repr(report)
+
+
+@pytest.mark.slow
 def test_inspect_under_torchrun_gives_every_rank_its_own_report() -> None:
     proc = _torchrun("inspect", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
