@@ -103,10 +103,18 @@ def _reasons(slow: RankTiming, others: Sequence[RankTiming]) -> list[str]:
     if slow.load_average is not None and slow.usable_cpus:
         per_cpu = slow.load_average / slow.usable_cpus
         if per_cpu > BUSY_LOAD_PER_CPU:
-            reasons.append(
-                f"its host {slow.host or '?'} is busy: load average {slow.load_average:.1f} "
-                f"on {slow.usable_cpus} usable CPUs"
-            )
+            load = f"load average {slow.load_average:.1f} on {slow.usable_cpus} usable CPUs"
+            neighbours = [o.rank for o in others if o.host == slow.host]
+            if neighbours and slow.host:
+                # The load is the host's: it does not say why this rank and not its neighbours.
+                shared = ", ".join(str(r) for r in neighbours)
+                reasons.append(
+                    f"its host {slow.host} is oversubscribed ({load}), shared with rank(s) "
+                    f"{shared}: the ranks compete for CPUs, so which one lags can change "
+                    "from run to run"
+                )
+            else:
+                reasons.append(f"its host {slow.host or '?'} is busy ({load})")
     peer_cpus = [o.usable_cpus for o in others if o.usable_cpus]
     if slow.usable_cpus and peer_cpus and slow.usable_cpus < statistics.median(peer_cpus):
         reasons.append(

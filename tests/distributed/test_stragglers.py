@@ -45,8 +45,11 @@ def test_busy_host_and_fewer_cpus_explain_a_cpu_straggler() -> None:
     ]
     (s,) = find_stragglers(ranks)
     assert s.rank == 1
-    assert any("busy" in r and "9.0" in r for r in s.reasons)
+    assert any("oversubscribed" in r and "9.0" in r and "rank(s) 0" in r for r in s.reasons)
     assert any("4 CPUs" in r for r in s.reasons)
+    other_host = [ranks[0], RankTiming(**{**ranks[1].__dict__, "host": "b"})]
+    (s,) = find_stragglers(other_host)
+    assert any(r.startswith("its host b is busy (load average 9.0") for r in s.reasons)
 
 
 def test_rank_alone_on_its_node_points_at_the_network() -> None:
