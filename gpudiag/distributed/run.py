@@ -134,9 +134,14 @@ def on_every_rank(module: ModuleType, args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
+        # A collective is one result for the whole job: identical answers are printed once.
+        groups: dict[str, list[dict[str, Any]]] = {}
         for g in gathered:
-            print(f"=== rank {g['rank']} on {g['host']} ===")
-            print(g["output"].rstrip() or f"error: {g['error']}")
+            groups.setdefault(g["output"].rstrip() or f"error: {g['error']}", []).append(g)
+        for text, members in groups.items():
+            who = ", ".join(f"{g['rank']} on {g['host']}" for g in members)
+            print(f"=== rank{'s' if len(members) > 1 else ''} {who} ===")
+            print(text)
     return worst
 
 

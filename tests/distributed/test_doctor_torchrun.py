@@ -108,3 +108,12 @@ def test_doctor_outside_torchrun_is_one_rank_and_says_so(
     assert "unknown workload 'nope'" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["doctor", "--set", "no-equals-sign"])
+
+
+@pytest.mark.slow
+def test_bench_allreduce_under_torchrun_prints_the_job_wide_result_once() -> None:
+    proc = _torchrun("bench", "allreduce", "--sizes", "64K", "--repeats", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("=== ranks 0 on ") == 1
+    assert ", 1 on " in proc.stdout
+    assert proc.stdout.count("CollectiveResult: all_reduce over 2 ranks") == 1
