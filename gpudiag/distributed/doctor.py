@@ -65,6 +65,7 @@ class RankEvidence:
     pcie_gen: int | None = None
     pcie_width: int | None = None
     nvlink_spec_gbps: float | None = None  # published bidirectional NVLink bandwidth per GPU
+    nvlinks_active: int | None = None  # active NVLink links read from NVML; None: not read
     no_gpu_reason: str = ""
     workload: str = ""
     samples_per_step: int = 0
@@ -112,11 +113,13 @@ class RankEvidence:
 # --- inside every rank -------------------------------------------------------------------------
 
 
-def _gpu_facts(local_rank: int) -> dict[str, Any]:
+def gpu_facts(local_rank: int, system: Any = None) -> dict[str, Any]:
+    """The RankEvidence fields of this rank's GPU (its local index) from ``system`` (this
+    machine's ``gd.inspect()`` when None; a recorded machine in tests)."""
     from gpudiag.probe.system import inspect
     from gpudiag.specs import lookup_gpu
 
-    report = inspect()
+    report = inspect() if system is None else system
     gpus = report.cuda_gpus or report.gpus
     if not gpus:
         return {"no_gpu_reason": report.no_gpu_reason}
@@ -132,6 +135,11 @@ def _gpu_facts(local_rank: int) -> dict[str, Any]:
         "pcie_gen": gpu.info.pcie.gen_max.get(),
         "pcie_width": gpu.info.pcie.width_max.get(),
         "nvlink_spec_gbps": None if spec is None else spec.nvlink_bandwidth_gbps,
+        "nvlinks_active": (
+            sum(1 for link in gpu.info.nvlinks if link.active.get(False))
+            if gpu.info.nvlinks
+            else None
+        ),
     }
 
 
@@ -192,7 +200,7 @@ def gather_evidence(
     facts: dict[str, Any] = {}
     error = ""
     try:
-        facts.update(_gpu_facts(env.local_rank))
+        facts.update(gpu_facts(env.local_rank))
     except Exception as exc:  # the report must still reach rank 0
         error = f"GPU probe failed: {type(exc).__name__}: {exc}"
     try:
@@ -264,19 +272,27 @@ def expected_bandwidth(ranks: Sequence[RankEvidence]) -> ExpectedBandwidth:
             None, "ranks on several nodes: the network between them sets the ceiling"
         )
     nvlink = [r.nvlink_spec_gbps for r in ranks]
-    if all(v for v in nvlink):
+    linked = all(r.nvlinks_active for r in ranks)
+    if linked and all(v for v in nvlink):
         low = min(v for v in nvlink if v)
         return ExpectedBandwidth(
-            low / 2, f"NVLink: {low:g} GB/s bidirectional per GPU (published), one direction"
+            low / 2,
+            f"NVLink active on every GPU: {low:g} GB/s bidirectional per GPU (published), "
+            "one direction",
         )
     pcie = [
         pcie_bandwidth_gbps(r.pcie_gen, r.pcie_width)
         for r in ranks
         if r.pcie_gen and r.pcie_width and r.pcie_gen in (1, 2, 3, 4, 5, 6)
     ]
-    if len(pcie) == len(ranks):
-        return ExpectedBandwidth(min(pcie), "PCIe: the narrowest GPU link, one direction")
-    return ExpectedBandwidth(None, "the GPUs' links were not readable")
+    if len(pcie) < len(ranks):
+        return ExpectedBandwidth(None, "the GPUs' links were not readable")
+    basis = "PCIe: the narrowest GPU link, one direction"
+    if any(r.nvlinks_active is None for r in ranks) and all(v for v in nvlink):
+        # An nvidia-smi -q dump (or an NVML without NVLink queries) does not say whether the
+        # links are up: PCIe is the floor, NVLink the ceiling.
+        basis += f"; NVLink state not read (up to {min(v for v in nvlink if v) / 2:g} GB/s if up)"
+    return ExpectedBandwidth(min(pcie), basis)
 
 
 def environment_mismatches(ranks: Sequence[RankEvidence]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from gpudiag.distributed.doctor import (
     RankEvidence,
     comm_environment,
     expected_bandwidth,
+    gpu_facts,
 )
 from gpudiag.errors import GpuDiagError
 
@@ -31,6 +33,7 @@ def _evidence(rank: int, step_ms: float, **kw: object) -> RankEvidence:
         torch_threads=8,
         gpu="NVIDIA H100 80GB HBM3",
         nvlink_spec_gbps=900.0,
+        nvlinks_active=18,
         pcie_gen=5,
         pcie_width=16,
         step_s=tuple(step_ms / 1e3 * f for f in (0.99, 1.0, 1.01)),
@@ -51,6 +54,9 @@ def test_expected_bus_bandwidth_follows_the_links() -> None:
     nv = expected_bandwidth(two)
     assert nv.busbw_gbps == pytest.approx(450.0)
     assert "NVLink" in nv.basis
+    down = expected_bandwidth([replace(e, nvlinks_active=0) for e in two])
+    assert "PCIe" in down.basis
+    assert "not read" not in down.basis
     pcie = expected_bandwidth([replace(e, nvlink_spec_gbps=None) for e in two])
     assert pcie.busbw_gbps == pytest.approx(63.0, rel=0.02)
     assert "PCIe" in pcie.basis
@@ -134,3 +140,25 @@ def test_a_report_survives_its_json_round_trip() -> None:
     assert "per size (slowest rank): 64 MiB 10.00 ms" in repr(again)
     with pytest.raises(GpuDiagError, match="not a gpudiag doctor report"):
         DistributedReport.from_dict({"format": "other"})
+
+
+def test_gpu_evidence_from_a_recorded_two_gpu_machine(fixtures_dir: Path) -> None:
+    from gpudiag.probe.system import inspect
+
+    system = inspect(replay=fixtures_dir / "nvidia-smi-xml" / "dual_a5000-v13.xml")
+    facts = [gpu_facts(i, system) for i in (0, 1)]
+    assert [f["gpu"] for f in facts] == ["NVIDIA RTX A5000"] * 2
+    assert facts[0]["gpu_uuid"] != facts[1]["gpu_uuid"]
+    assert facts[0]["clock_reasons"] == ("gpu_idle",)
+    assert facts[0]["sm_clock_mhz"] == 210
+    assert facts[0]["max_sm_clock_mhz"] == 2100
+    assert facts[0]["nvlinks_active"] is None  # nvidia-smi -q does not list NVLink state
+    ranks = [_evidence(i, 10, **facts[i]) for i in (0, 1)]
+    expected = expected_bandwidth(ranks)
+    # Gen4 x16 one way (~31.5 GB/s); the A5000's NVLink bridge may or may not be fitted.
+    assert expected.busbw_gbps == pytest.approx(31.5, rel=0.02)
+    assert "NVLink state not read (up to 56.25 GB/s" in expected.basis
+    # An idle GPU is not a throttled one: gpu_idle is no cause for a straggler.
+    slow = replace(ranks[1], step_s=(0.02, 0.02, 0.02))
+    report = DistributedReport.merge([ranks[0], slow], backend="nccl")
+    assert report.stragglers[0].reasons == ()
