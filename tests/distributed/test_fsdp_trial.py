@@ -161,3 +161,33 @@ def test_live_bytes_retires_a_block_freed_unseen_on_another_thread() -> None:
     ]
     assert live_bytes(events) == (-40, 150)
     assert live_bytes([]) == (0, 0)
+
+
+def test_gpu_memory_accounting_with_a_fake_allocator(
+    one_rank_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA path (untested on a real GPU) through a fake of gpudiag.probe.cuda's
+    allocator counters: live after wrap + the steps' peak above their start."""
+    from gpudiag.distributed import trial
+    from gpudiag.distributed.trial import DdpOptions, RankArm, open_arm
+
+    allocated = iter([1000, 5000, 5000])  # before build, after wrap, before the steps
+    peaks = iter([9000, 12000])  # build's peak, the steps' peak
+    resets: list[None] = []
+    monkeypatch.setattr(trial.cuda, "memory_allocated", lambda device=None: next(allocated))
+    monkeypatch.setattr(trial.cuda, "max_memory_allocated", lambda device=None: next(peaks))
+    monkeypatch.setattr(
+        trial.cuda, "reset_peak_memory_stats", lambda device=None: resets.append(None)
+    )
+    arm = RankArm(label="fsdp", strategy="fsdp", params={"wrap_classes": ["Layer"]})
+
+    def builder() -> gd.Workload:
+        return build("tests.distributed.wl_factory:make", {"width": 8})
+
+    open_arm(arm, builder, device="cuda:0", ddp=DdpOptions(), accumulation=1, memory_steps=2)
+    assert len(resets) == 2
+    assert arm.resident_bytes == 4000
+    assert arm.init_peak_bytes == 8000
+    assert arm.peak_bytes == 12000 - 5000 + 4000
+    assert "max_memory_allocated" in arm.memory_method
+    assert len(arm.losses) == 2
