@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise GpuDiagError("--steps must be at least 1")
+    if not 0 < args.threshold < 10:
+        raise GpuDiagError(f"--threshold is a fraction such as 0.10 (10 %), got {args.threshold}")
     overrides = dict(args.overrides) if args.overrides else DEFAULT_OVERRIDES.get(args.workload)
     report = doctor(
         workload=args.workload,

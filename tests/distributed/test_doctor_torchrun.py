@@ -106,6 +106,8 @@ def test_doctor_outside_torchrun_is_one_rank_and_says_so(
     assert "not a torchrun job" in doc["notes"][0]
     assert main(["doctor", "--workload", "nope", "--steps", "1", "--no-profile"]) == 1
     assert "unknown workload 'nope'" in capsys.readouterr().out
+    assert main(["doctor", "--threshold", "-1"]) == 1
+    assert "--threshold is a fraction" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["doctor", "--set", "no-equals-sign"])
 
