@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -134,8 +135,10 @@ def test_fsdp_cuts_every_ranks_peak_memory_on_the_demo_gpt() -> None:
     assert arm.samples_per_s is not None
     assert result.baseline.samples_per_step == 2 * 2  # both ranks' batches
     assert "fsdp.wrap" in [f.id for f in result.recipe().fix_objects()]
-    doc = result.to_dict()
+    doc = json.loads(json.dumps(result.to_dict()))
     assert doc["nproc"] == 2
+    assert result.plot() is not None
+    assert "per rank" in result._repr_html_()
     assert len(doc["ranks"]) == 2
     assert "per rank:" in repr(result)
     # The caller's model and global switches were never touched.
