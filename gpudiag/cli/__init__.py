@@ -23,7 +23,10 @@ COMMANDS: tuple[str, ...] = (
     "diagnose",
     "recipe",
     "record",
+    "doctor",
 )
+# Under torchrun these run on every rank and rank 0 prints one merged answer.
+ON_EVERY_RANK: tuple[str, ...] = ("inspect", "bench")
 
 
 def _load(name: str) -> ModuleType | None:
@@ -63,6 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in ON_EVERY_RANK:
+            from gpudiag.distributed.group import rank_env
+
+            if rank_env() is not None:
+                from gpudiag.distributed.run import on_every_rank
+
+                return on_every_rank(module, args)
         return int(module.run(args))
     except GpuDiagError as exc:
         print(f"gpudiag: error: {exc}", file=sys.stderr)

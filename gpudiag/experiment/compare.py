@@ -410,6 +410,8 @@ def compare(
     seed: int = 0,
     progress: bool | ProgressFn = True,
     clock: Callable[[], float] | None = None,
+    nproc: int | None = None,
+    **distributed: Any,
 ) -> Comparison:
     """Run the baseline and each fix in isolated trials, interleaved, and compare them.
 
@@ -430,7 +432,26 @@ def compare(
     ``progress``: a bar over the measuring rounds (``True``), none (``False``), or a callback
     that gets a ``gpudiag._progress.Progress`` per round and ``finished`` when every arm has
     its verdict (possibly well before the round limit).
+
+    ``nproc=N`` runs the trial as N ranks through torchrun instead (DDP baseline vs
+    ``fsdp.wrap``; the keyword arguments of gpudiag.experiment.distributed.compare_distributed,
+    e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
+    if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
+        import inspect
+
+        from gpudiag.experiment.distributed import compare_distributed
+
+        unknown = sorted(set(distributed) - set(inspect.signature(compare_distributed).parameters))
+        if unknown:
+            raise GpuDiagError(f"unknown argument(s) {', '.join(unknown)} of compare(nproc=...)")
+
+        return compare_distributed(
+            workload, fixes, nproc=nproc, seed=seed, confidence=confidence,
+            tolerance=tolerance, **distributed,
+        )  # fmt: skip
+    if distributed:
+        raise GpuDiagError(f"unknown argument(s) {', '.join(sorted(distributed))} of compare")
     started = time.perf_counter()
     wall = clock or time.perf_counter
     if not isinstance(workload, Workload):

@@ -159,6 +159,9 @@ class Workload:
         self.name = name or type(model).__name__
         self.step_fn: Callable[[], Any] | None = None
         self.protected: tuple[Any, ...] = (model,)
+        # (demo name or "module:function", keyword arguments) that rebuild this workload in
+        # another process: set by gpudiag.workloads.get, needed by gd.compare(..., nproc=N).
+        self.rebuild_spec: tuple[str, dict[str, Any]] | None = None
 
     @classmethod
     def from_step(
@@ -192,6 +195,7 @@ class Workload:
         self.name = name or str(getattr(step_fn, "__name__", "step"))
         self.step_fn = step_fn
         self.protected = tuple(o for o in (model, optimizer) if o is not None)
+        self.rebuild_spec = None
         return self
 
     # -- facts --------------------------------------------------------------------------

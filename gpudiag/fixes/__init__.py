@@ -2,8 +2,7 @@
 
 Each fix says whether this machine can take it (``supported(system) -> (ok, reason)``), how
 it reaches the code (ambient switch, structural transform, environment variable, advice),
-and applies / reverts itself. Structural fixes that are only defined so far raise
-UnsupportedFixError ("not implemented in this version") when applied.
+and applies / reverts itself.
 """
 
 from __future__ import annotations

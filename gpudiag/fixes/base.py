@@ -175,8 +175,8 @@ def _load_all() -> None:
         cuda_graphs,
         dataloader,
         environment,
+        fsdp,
         precision,
-        structural,
         switches,
     )
 

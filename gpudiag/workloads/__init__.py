@@ -52,4 +52,7 @@ def get(name: str, **overrides: Any) -> Any:
             f"demo workload {name!r} has no parameter {', '.join(unknown)}; it takes: "
             + ", ".join(f"{k}={v!r}" for k, v in accepted.items())
         )
-    return build(**overrides)
+    workload = build(**overrides)
+    # What the ranks of a distributed trial rebuild it from (gd.compare(..., nproc=N)).
+    workload.rebuild_spec = (name, dict(overrides))
+    return workload

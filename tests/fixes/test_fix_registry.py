@@ -1,10 +1,11 @@
-"""The fix registry: the stable ids, parameters, parsing, and the not-yet-implemented ones."""
+"""The fix registry: the stable ids, parameters, parsing, and what each needs to apply."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import Fix, FixError, FixKind, get_spec, registry
@@ -39,6 +40,7 @@ IMPLEMENTED = {
     "dataloader.tuning",
     "activation.checkpointing",
     "cuda.graphs",
+    "fsdp.wrap",
 }
 
 
@@ -114,20 +116,15 @@ def test_fix_is_immutable() -> None:
     assert "x" not in fix.params
 
 
-@pytest.mark.parametrize(
-    "fix_id",
-    [
-        "fsdp.wrap",
-    ],
-)
-def test_planned_structural_fixes_refuse_to_apply(fix_id: str) -> None:
-    fix = Fix(fix_id)
-    assert not fix.implemented
+def test_fsdp_wrap_needs_a_process_group_and_says_how_to_get_one() -> None:
+    fix = Fix("fsdp.wrap")
+    assert fix.implemented
+    assert fix.spec.saves_memory
     ok, why = fix.tryable(object())
     assert not ok
-    assert "not implemented" in why
-    with pytest.raises(UnsupportedFixError, match="not implemented in this version"):
-        fix.apply(check=False)
+    assert "nproc=2" in why
+    with pytest.raises(UnsupportedFixError, match="process group"):
+        fix.apply(torch.nn.Linear(2, 2), check=False)
 
 
 def test_environment_fixes_export_instead_of_applying() -> None:

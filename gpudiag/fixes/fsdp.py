@@ -1,0 +1,151 @@
+"""fsdp.wrap: shard parameters, gradients and optimizer state across ranks with FSDP2.
+
+``torch.distributed.fsdp.fully_shard`` is applied to every block of the classes named in
+``wrap_classes`` (by name or qualified name), or else to the model's repeated blocks (the
+children of ``nn.ModuleList`` / ``nn.Sequential`` containers holding two or more modules of
+one class, as activation.checkpointing finds them), then to the root module.
+``reshard_after_forward`` frees each block's gathered parameters after its forward (ZeRO-3;
+False keeps them until the backward, ZeRO-2-like: more memory, one all-gather less).
+``mixed_precision`` sets ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)``.
+
+It needs a process group: inside a torchrun job it applies to each rank's model; from a
+notebook, ``gd.compare(workload, fixes=["fsdp.wrap"], nproc=2)`` launches the ranks (see
+gpudiag.experiment.distributed). Sharding cannot be undone on a module, so it is applied to a
+trial's own model (or, through a recipe, to a training script's model for good). Runs for
+real with gloo on a CPU; the NCCL path is untested on a real GPU.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any, Literal
+
+from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
+
+NEEDS_RANKS = (
+    "fsdp.wrap shards across ranks and needs a process group: "
+    "gd.compare(workload, fixes=['fsdp.wrap'], nproc=2) runs it as a distributed trial "
+    "(inside a torchrun job it applies to each rank's model)"
+)
+
+
+class FsdpParams(FixParams):
+    wrap_classes: tuple[str, ...] = ()
+    reshard_after_forward: bool = True
+    mixed_precision: Literal["bf16", "fp16", "none"] = "none"
+
+
+def mixed_precision_policy(name: str) -> Any:
+    """FSDP2's policy for ``mixed_precision``; None for "none" (parameters stay as they are)."""
+    if name == "none":
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = torch.bfloat16 if name == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard_blocks(model: Any, params: Mapping[str, Any]) -> list[str]:
+    """Apply fully_shard to the blocks, then to the root; returns the blocks' class names
+    (taken before sharding: fully_shard swaps each module's class for an ``FSDP...`` one)."""
+    from torch.distributed.fsdp import fully_shard
+
+    classes = tuple(params.get("wrap_classes") or ())
+    blocks = named_blocks(model, classes) if classes else repeated_blocks(model)
+    if classes and not blocks:
+        raise UnsupportedFixError(
+            f"fsdp.wrap: no module of class {', '.join(classes)} in {type(model).__name__}; "
+            "name the class of its repeated blocks (e.g. wrap_classes=['Block'])"
+        )
+    kwargs: dict[str, Any] = {"reshard_after_forward": bool(params.get("reshard_after_forward"))}
+    policy = mixed_precision_policy(str(params.get("mixed_precision", "none")))
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    names = [type(b).__name__ for b in blocks]
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return names
+
+
+@register
+class FsdpWrap(FixSpec):
+    id = "fsdp.wrap"
+    kind = FixKind.STRUCTURAL
+    summary = (
+        "Shard parameters, gradients and optimizer state across ranks with FSDP "
+        "(fully_shard per block)."
+    )
+    Params = FsdpParams
+    saves_memory = True
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        classes = params.get("wrap_classes") or ()
+        which = f"blocks of class {', '.join(classes)}" if classes else "the repeated blocks"
+        reshard = "resharded" if params.get("reshard_after_forward", True) else "kept gathered"
+        after = f"{reshard} after forward"
+        mp = params.get("mixed_precision", "none")
+        precision = "" if mp == "none" else f", {mp} parameters with fp32 gradient reduction"
+        return f"{self.summary} Shards {which} and the root, {after}{precision}."
+
+    def supported(
+        self, params: Mapping[str, Any], system: Any, device_type: str
+    ) -> tuple[bool, str]:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return False, "this torch has no torch.distributed"
+        if not dist.is_available():
+            return False, "this torch was built without distributed support"
+        if not dist.is_initialized():
+            return False, NEEDS_RANKS
+        return True, ""
+
+    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+        import torch.distributed as dist
+        from torch import nn
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise UnsupportedFixError(NEEDS_RANKS)
+        model = target.model
+        if not isinstance(model, nn.Module):
+            raise UnsupportedFixError(
+                f"fsdp.wrap shards a torch.nn.Module; got {type(model).__name__}"
+            )
+        counts = Counter(shard_blocks(model, params))
+        what = ", ".join(f"{n} {name}" for name, n in counts.items()) or "no repeated blocks"
+        target.notes.append(
+            f"fsdp.wrap: fully_shard on {what} and the root across "
+            f"{dist.get_world_size()} ranks (cannot be undone on this model)"
+        )
+
+    def code(self, params: Mapping[str, Any]) -> list[str]:
+        classes = tuple(params.get("wrap_classes") or ())
+        if classes:
+            names = "{" + ", ".join(repr(c) for c in classes) + "}"
+            find = f"blocks = [m for m in model.modules() if type(m).__name__ in {names}]"
+        else:
+            find = "blocks = list(model.layers)  # your model's repeated blocks (nn.ModuleList)"
+        kwargs = f"reshard_after_forward={bool(params.get('reshard_after_forward', True))}"
+        lines = ["from torch.distributed.fsdp import fully_shard"]
+        mp = params.get("mixed_precision", "none")
+        if mp != "none":
+            dtype = "torch.bfloat16" if mp == "bf16" else "torch.float16"
+            lines += [
+                "from torch.distributed.fsdp import MixedPrecisionPolicy",
+                f"mp = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)",
+            ]
+            kwargs += ", mp_policy=mp"
+        return [
+            *lines,
+            "# after torch.distributed.init_process_group(), before creating the optimizer",
+            find,
+            "for block in blocks:",
+            f"    fully_shard(block, {kwargs})",
+            f"fully_shard(model, {kwargs})",
+        ]

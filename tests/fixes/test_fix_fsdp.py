@@ -1,0 +1,66 @@
+"""fsdp.wrap inside a process group: fully_shard per block class, then the root (real gloo)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from gpudiag import workloads
+from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes import Fix
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_wrap_shards_the_repeated_blocks_and_trains(one_rank_group: None) -> None:
+    from torch.distributed.tensor import DTensor
+
+    wl = workloads.get("gpt", seq_len=16, d_model=32, n_layer=2, vocab_size=64)
+    model = wl.model
+    fix = Fix("fsdp.wrap")
+    assert fix.tryable(object()) == (True, "")
+    applied = fix.apply(model, check=False)
+    assert any("fully_shard on 2 Block and the root" in n for n in applied.notes)
+    assert type(model.blocks[0]).__name__ == "FSDPBlock"
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    batch = wl.make_batch()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    first = float(model(**batch).loss.detach())
+    for _ in range(3):
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert float(model(**batch).loss.detach()) < first
+
+
+def test_named_classes_and_mixed_precision(one_rank_group: None) -> None:
+    wl = workloads.get("gpt", seq_len=16, d_model=32, n_layer=2, vocab_size=64)
+    with pytest.raises(UnsupportedFixError, match="no module of class Nope"):
+        Fix("fsdp.wrap", wrap_classes=["Nope"]).apply(wl.model, check=False)
+    wl = workloads.get("gpt", seq_len=16, d_model=32, n_layer=2, vocab_size=64)
+    fix = Fix("fsdp.wrap", wrap_classes=["Block"], mixed_precision="bf16")
+    fix.apply(wl.model, check=False)
+    logits = wl.model(**wl.make_batch()).logits
+    assert logits.dtype == torch.bfloat16  # parameters gathered in bf16 for the forward
+
+
+def test_fsdp_code_is_what_a_training_script_runs() -> None:
+    lines = Fix(
+        "fsdp.wrap", wrap_classes=["Block"], reshard_after_forward=False, mixed_precision="bf16"
+    ).code()
+    text = "\n".join(lines)
+    assert "type(m).__name__ in {'Block'}" in text
+    assert "fully_shard(block, reshard_after_forward=False, mp_policy=mp)" in text
+    assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in text
+    assert "Shards blocks of class Block" in Fix("fsdp.wrap", wrap_classes=["Block"]).describe()
