@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
 
 CATEGORY = "steps"
 
@@ -17,6 +17,9 @@ MIN_STEPS = 4
 # which the batch is too small to amortise Python, launches and the optimizer.
 FIXED_SHARE = 0.5
 FIXED_SHARE_HIGH = 0.75
+# A step at 4x the batch cannot run faster than at 1x; a round where it did (by more than this)
+# was disturbed (warm-up, another process), so the pair says nothing about a fixed cost.
+FASTER_LARGER_TOLERANCE = 0.95
 
 
 @rule("steps.outliers", category=CATEGORY, needs=("trace",))
@@ -117,6 +120,16 @@ def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding]:
     instead of inferred from utilization)."""
     scaling = evidence.batch_scaling
     share = scaling.fixed_share
+    inverted = [r for r in scaling.rounds if r[1] < FASTER_LARGER_TOLERANCE * r[0]]
+    if inverted:
+        t1, t2 = inverted[0]
+        yield NotEvaluated(
+            "steps.per_step_overhead",
+            f"consistent timings: in {len(inverted)} of {len(scaling.rounds)} rounds batch "
+            f"{scaling.larger_batch_size} ran faster than batch {scaling.batch_size} "
+            f"({t2 * 1e3:.3g} vs {t1 * 1e3:.3g} ms), which only a disturbed measurement does",
+        )
+        return
     if scaling.fixed_share_low < FIXED_SHARE:
         return
     b, big = scaling.batch_size, scaling.larger_batch_size

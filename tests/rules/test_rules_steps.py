@@ -41,6 +41,19 @@ def test_one_round_against_it_is_enough_to_stay_quiet() -> None:
     assert _run(noisy) == []
 
 
+def test_a_larger_batch_that_ran_faster_is_noise_not_a_fixed_cost() -> None:
+    # Seen on a loaded 2-core host: batch 32 at 117 ms, batch 128 at 1.9 ms in one round.
+    disturbed = BatchScaling(2, 8, 0.117, 0.0019, ((0.117, 0.0019), (0.010, 0.011), (0.010, 0.011)))
+    assert disturbed.fixed_share_low > 0.9  # the line through the points calls it all fixed
+    diagnosis = run_rules(
+        EvidenceBundle(batch_scaling=disturbed, workload=CPU_WORKLOAD, env={}),
+        only=["steps.per_step_overhead"],
+    )
+    assert diagnosis.findings == ()
+    (skipped,) = diagnosis.not_evaluated
+    assert "ran faster than batch 2" in skipped.missing
+
+
 def test_a_busy_host_turns_cpu_timings_into_a_low_finding_without_a_gain() -> None:
     (finding,) = _run(_scaling(0.010, 0.011, load_average=6.0, cpus=2))
     assert finding.severity is Severity.LOW
