@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,14 @@ _BESIDE = str(REPO.parent) + os.sep
 _INTERPRETER = tuple({sys.prefix + os.sep, sys.base_prefix + os.sep, sys.exec_prefix + os.sep})
 
 
+# A clone that sits in the temporary directory has pytest's and tempfile's folders beside it.
+_SCRATCH = (
+    re.compile(r"(?:pytest-of-|tmp)[^/]*(?:/|$)")
+    if REPO.parent == Path(tempfile.gettempdir()).resolve()
+    else None
+)
+
+
 def _watch_opens(event: str, args: tuple[object, ...]) -> None:
     if event != "open" or not args or not isinstance(args[0], str):
         return
@@ -31,6 +41,7 @@ def _watch_opens(event: str, args: tuple[object, ...]) -> None:
         path.startswith(_BESIDE)
         and not path.startswith(_INSIDE)
         and not path.startswith(_INTERPRETER)
+        and not (_SCRATCH is not None and _SCRATCH.match(path, len(_BESIDE)))
         and len(_OUTSIDE_READS) < 20
     ):
         _OUTSIDE_READS.append(path)

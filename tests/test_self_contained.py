@@ -65,3 +65,16 @@ def test_recorded_fixtures_live_in_the_repository() -> None:
 def test_fixtures_stay_lean() -> None:
     size = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
     assert size < 30 * 1024 * 1024, f"tests/fixtures holds {size / 2**20:.1f} MiB"
+
+
+def test_the_audit_hook_records_a_read_beside_the_repository() -> None:
+    from tests import conftest
+
+    before = list(conftest._OUTSIDE_READS)
+    beside = str(REPO.parent / "shared" / "fixtures" / "x.json")
+    try:
+        conftest._watch_opens("open", (beside, "r", 0))
+        conftest._watch_opens("open", (str(FIXTURES / "README.md"), "r", 0))
+        assert conftest._OUTSIDE_READS[len(before) :] == [beside]
+    finally:
+        del conftest._OUTSIDE_READS[len(before) :]
