@@ -39,6 +39,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Recipe": ("gpudiag.recipe", "Recipe"),
     "diagnose": ("gpudiag.rules", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
+    "estimate_memory": ("gpudiag.experiment.estimate", "estimate_memory"),
+    "MemoryEstimate": ("gpudiag.analysis.memory_estimate", "MemoryEstimate"),
+    "memory": ("gpudiag.experiment.memory_report", "memory"),
+    "MemoryReport": ("gpudiag.experiment.memory_report", "MemoryReport"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -75,6 +79,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag import bench as bench
     from gpudiag import specs as specs
+    from gpudiag.analysis.memory_estimate import MemoryEstimate as MemoryEstimate
     from gpudiag.analysis.occupancy import Occupancy as Occupancy
     from gpudiag.analysis.occupancy import best_block_size as best_block_size
     from gpudiag.analysis.occupancy import occupancy as occupancy
@@ -84,6 +89,9 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
+    from gpudiag.experiment.estimate import estimate_memory as estimate_memory
+    from gpudiag.experiment.memory_report import MemoryReport as MemoryReport
+    from gpudiag.experiment.memory_report import memory as memory
     from gpudiag.experiment.workload import Workload as Workload
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor

@@ -1,0 +1,219 @@
+"""``gd.memory``: one step's measured peak and timeline by category, beside the estimate.
+
+The step runs as a trial (gpudiag.experiment.trial): on a deep copy of the model with a fresh
+optimizer when one fits, and the user's parameters, optimizer state, RNG and torch switches are
+restored and verified afterwards, whatever happens inside (an out-of-memory included). One
+warm-up step creates the optimizer state; the second step is measured, as in training.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_bytes
+from gpudiag.experiment.runner import Arm
+from gpudiag.experiment.trial import isolated
+from gpudiag.experiment.workload import Workload, WorkloadError
+from gpudiag.fixes import Fix
+from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
+
+
+def measure_timeline(
+    workload: Workload, *, batch_size: int | None = None, fixes: tuple[Fix, ...] = ()
+) -> MemoryTimeline:
+    """The categorised memory timeline of one steady-state step of ``workload`` (real run).
+
+    Runs on a deep copy of the model (the user's model is never stepped) inside an isolated
+    trial, so RNG and global switches are restored too.
+    """
+    if not workload.owns_step:
+        raise WorkloadError(
+            "gd.memory needs a gd.Workload with model= and batch= (a step function's own "
+            "tensors cannot be told apart); gd.compare measures a step function's peak"
+        )
+    with isolated(*workload.protected):
+        model = copy.deepcopy(workload.model)
+        wl = copy.copy(workload)
+        wl.model, wl.protected = model, (model,)
+        if batch_size is not None:
+            wl.batch_size = int(batch_size)
+        arm = Arm("memory", fixes, wl, model, False, workload.device_type)
+        arm.open()
+        try:
+            arm.new_optimizer()
+            with arm.active():
+                arm.step()
+                return measure_step_timeline(arm.step, device=str(workload.device))
+        finally:
+            arm.close()
+            del model, arm
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Measured memory of one training step, by category, with the estimate beside it."""
+
+    workload: str
+    timeline: MemoryTimeline
+    estimate: MemoryEstimate | None = None
+    batch_size: int | None = None
+    fixes: tuple[str, ...] = ()
+    allocator: dict[str, Any] = field(default_factory=dict)  # GPU: torch.cuda.memory_stats
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.timeline.peak_bytes
+
+    @property
+    def at_peak(self) -> dict[str, int]:
+        return self.timeline.at_peak
+
+    def difference(self) -> dict[str, int]:
+        """Measured minus estimated bytes per category at the peak (empty without estimate)."""
+        if self.estimate is None:
+            return {}
+        return {
+            c: self.at_peak.get(c, 0) - int(self.estimate.breakdown.get(c, 0)) for c in CATEGORIES
+        }
+
+    def explain_difference(self) -> list[str]:
+        """Sentences that say where the estimate and the measurement part ways, and why."""
+        if self.estimate is None:
+            return []
+        est, meas = self.estimate.peak_bytes, self.peak_bytes
+        rel = (meas - est) / meas if meas else 0.0
+        out = [
+            f"measured {format_bytes(meas)} vs estimated {format_bytes(est)} "
+            f"({rel:+.0%} of the measurement)"
+        ]
+        diff = self.difference()
+        # The profiler files autograd's own buffers and backward temporaries where the tracer
+        # files them as activations or temporaries: compare those two together.
+        moved = diff.get("activations", 0) + diff.get("temporaries", 0)
+        big = sorted(
+            ((c, d) for c, d in diff.items() if c not in ("activations", "temporaries")),
+            key=lambda cd: -abs(cd[1]),
+        )
+        if abs(moved) > 0.05 * max(meas, 1):
+            out.append(
+                f"activations + temporaries differ by {format_bytes(moved)}: "
+                + (
+                    "kernels allocate scratch the tracer does not see (oneDNN on a CPU, cuDNN "
+                    "workspaces on a GPU)"
+                    if moved > 0
+                    else "the tracer keeps tensors the real step frees sooner"
+                )
+            )
+        for cat, d in big[:2]:
+            if abs(d) > 0.05 * max(meas, 1):
+                out.append(f"{cat} differ by {format_bytes(d)}")
+        if len(out) == 1:
+            out.append("every category within 5 % of the peak")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "kind": "memory_report",
+                "workload": self.workload,
+                "batch_size": self.batch_size,
+                "fixes": list(self.fixes),
+                "peak_bytes": self.peak_bytes,
+                "at_peak": self.at_peak,
+                "estimate": self.estimate,
+                "difference": self.difference(),
+                "explanation": self.explain_difference(),
+                "allocator": self.allocator,
+                "timeline": self.timeline,
+                "notes": list(self.notes),
+            }
+        )
+
+    def plot(self) -> Any:
+        from gpudiag.plots.memory import timeline_figure
+
+        return timeline_figure(self.timeline, title=f"Memory of one step: {self.workload}")
+
+    def _rows(self) -> list[tuple[str, str, str]]:
+        est = self.estimate.breakdown if self.estimate else {}
+        return [
+            (c, format_bytes(self.at_peak.get(c, 0)), format_bytes(est.get(c)) if est else "")
+            for c in CATEGORIES
+            if self.at_peak.get(c, 0) or est.get(c, 0)
+        ]
+
+    def __repr__(self) -> str:
+        lines = [
+            f"MemoryReport({self.workload}: measured peak {format_bytes(self.peak_bytes)} "
+            f"on {self.timeline.device}"
+            + (f", estimate {format_bytes(self.estimate.peak_bytes)})" if self.estimate else ")")
+        ]
+        lines += [f"  {c:<16} {m:>12}  {e:>12}" for c, m, e in self._rows()]
+        lines += [f"  {s}" for s in self.explain_difference()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = html_table(
+            [
+                ("measured peak", format_bytes(self.peak_bytes)),
+                (
+                    "estimate",
+                    format_bytes(self.estimate.peak_bytes) if self.estimate else "not estimated",
+                ),
+                ("source", self.timeline.source),
+            ]
+        )
+        grid = html_grid(("category at peak", "measured", "estimated"), self._rows())
+        notes = "".join(
+            f"<div style='opacity:.7'>{esc(n)}</div>"
+            for n in (*self.explain_difference(), *self.notes)
+        )
+        return card(f"Memory: {self.workload}", head + grid + notes)
+
+
+def memory(
+    workload: Workload,
+    *,
+    batch_size: int | None = None,
+    fixes: Any = (),
+    estimate: bool = True,
+) -> MemoryReport:
+    """Measure one training step's memory by category (real run on a copy), beside the
+    traced estimate. ``fixes``: fix ids or ``gd.Fix`` objects to measure with (bf16,
+    checkpointing, batch.size)."""
+    from gpudiag.experiment.estimate import estimate_memory
+
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"gd.memory takes a gd.Workload, got {type(workload).__name__}; for a config use "
+            "gd.estimate_memory"
+        )
+    chosen = tuple(Fix.coerce(f) for f in ((fixes,) if isinstance(fixes, (str, Fix)) else fixes))
+    notes: list[str] = []
+    timeline = measure_timeline(workload, batch_size=batch_size, fixes=chosen)
+    est = None
+    if estimate:
+        precision = next(
+            (f.id.split(".")[1] for f in chosen if f.id in ("precision.bf16", "precision.fp16")),
+            None,
+        )
+        ckpt = any(f.id == "activation.checkpointing" for f in chosen)
+        try:
+            est = estimate_memory(
+                workload, batch_size=batch_size, precision=precision, checkpointing=ckpt or None
+            )
+        except Exception as exc:  # the estimate is a comparison; the measurement stands alone
+            notes.append(f"no estimate: {exc}")
+    return MemoryReport(
+        workload=workload.name,
+        timeline=timeline,
+        estimate=est,
+        batch_size=batch_size or workload.batch_size,
+        fixes=tuple(f.label for f in chosen),
+        notes=tuple(notes),
+    )
