@@ -43,6 +43,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "MemoryEstimate": ("gpudiag.analysis.memory_estimate", "MemoryEstimate"),
     "memory": ("gpudiag.experiment.memory_report", "memory"),
     "MemoryReport": ("gpudiag.experiment.memory_report", "MemoryReport"),
+    "analyze_memory_snapshot": ("gpudiag.analysis.memory_snapshot", "analyze_memory_snapshot"),
+    "MemorySnapshot": ("gpudiag.analysis.memory_snapshot", "MemorySnapshot"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -80,6 +82,10 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag import bench as bench
     from gpudiag import specs as specs
     from gpudiag.analysis.memory_estimate import MemoryEstimate as MemoryEstimate
+    from gpudiag.analysis.memory_snapshot import MemorySnapshot as MemorySnapshot
+    from gpudiag.analysis.memory_snapshot import (
+        analyze_memory_snapshot as analyze_memory_snapshot,
+    )
     from gpudiag.analysis.occupancy import Occupancy as Occupancy
     from gpudiag.analysis.occupancy import best_block_size as best_block_size
     from gpudiag.analysis.occupancy import occupancy as occupancy
