@@ -9,6 +9,7 @@ warm-up step creates the optimizer state; the second step is measured, as in tra
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,16 +19,24 @@ from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
+from gpudiag.probe import cuda
+from gpudiag.probe.cuda_memory import allocator_stats
 from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
+from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded, OutOfMemory
 
 
 def measure_timeline(
-    workload: Workload, *, batch_size: int | None = None, fixes: tuple[Fix, ...] = ()
+    workload: Workload,
+    *,
+    batch_size: int | None = None,
+    fixes: tuple[Fix, ...] = (),
+    budget_bytes: int | None = None,
 ) -> MemoryTimeline:
     """The categorised memory timeline of one steady-state step of ``workload`` (real run).
 
     Runs on a deep copy of the model (the user's model is never stepped) inside an isolated
-    trial, so RNG and global switches are restored too.
+    trial, so RNG and global switches are restored too. With ``budget_bytes`` the measured
+    step runs under a MemoryBudget and raises MemoryBudgetExceeded when it passes it.
     """
     if not workload.owns_step:
         raise WorkloadError(
@@ -46,10 +55,82 @@ def measure_timeline(
             arm.new_optimizer()
             with arm.active():
                 arm.step()
-                return measure_step_timeline(arm.step, device=str(workload.device))
+                if budget_bytes is None:
+                    return measure_step_timeline(arm.step, device=str(workload.device))
+                batch = next(arm._batches) if arm._batches is not None else []
+                track = [model, arm.target.optimizer, *_tensors(batch)]
+
+                def capped() -> None:
+                    with MemoryBudget(budget_bytes, track=[t for t in track if t is not None]):
+                        arm.step()
+
+                return measure_step_timeline(capped, device=str(workload.device))
         finally:
             arm.close()
-            del model, arm
+
+
+def _tensors(batch: Any) -> list[Any]:
+    import torch
+
+    return [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+
+
+def parse_budget(budget: Any) -> int | None:
+    """Bytes from an int or a string such as "512MiB", "1.5 GiB", "2GB"; None stays None."""
+    if budget is None:
+        return None
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        value = int(budget)
+    elif isinstance(budget, str):
+        m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", budget, flags=re.IGNORECASE)
+        if not m:
+            raise WorkloadError(f"memory budget {budget!r}: write bytes or e.g. '512MiB', '2GB'")
+        unit = (m.group(2) or "B").upper()
+        scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}.get(unit)
+        if scale is None:
+            scale = 1024 ** ("KMGT".index(unit[0]) + 1)
+        value = int(float(m.group(1)) * scale)
+    else:
+        raise WorkloadError(f"memory budget must be bytes or a string, got {budget!r}")
+    if value < 1:
+        raise WorkloadError("a memory budget must be positive")
+    return value
+
+
+def cuda_oom(exc: BaseException, budget_bytes: int | None) -> OutOfMemory:
+    """An OutOfMemory from torch's CUDA error text ("Tried to allocate 2.00 GiB ... of which
+    1.23 GiB is free") and the allocator's counters. Untested on a real GPU."""
+    text = str(exc)
+
+    def amount(pattern: str) -> int | None:
+        m = re.search(pattern + r"\s*([0-9.]+)\s*(GiB|MiB|KiB|bytes|B)", text)
+        if not m:
+            return None
+        scale = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10}.get(m.group(2), 1)
+        return int(float(m.group(1)) * scale)
+
+    asked = amount(r"Tried to allocate") or 0
+    free = amount(r"of which") or 0
+    stats = allocator_stats()
+    live = dict.fromkeys(CATEGORIES, 0)
+    notes = []
+    if stats is not None:
+        live["other"] = stats.allocated_bytes
+        if stats.reserved_unused_bytes > 0.2 * max(stats.reserved_bytes, 1):
+            notes.append(
+                f"{format_bytes(stats.reserved_unused_bytes)} reserved but unused: try "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fix allocator.config)"
+            )
+    return OutOfMemory(
+        asked_bytes=asked,
+        free_bytes=free,
+        budget_bytes=budget_bytes or (stats.reserved_bytes + free if stats else free),
+        operator="CUDA allocation",
+        live_bytes=live,
+        start_bytes=dict.fromkeys(CATEGORIES, 0),
+        source="torch.cuda.OutOfMemoryError and torch.cuda.memory_stats",
+        notes=tuple(notes),
+    )
 
 
 @dataclass(frozen=True)
@@ -63,13 +144,20 @@ class MemoryReport:
     fixes: tuple[str, ...] = ()
     allocator: dict[str, Any] = field(default_factory=dict)  # GPU: torch.cuda.memory_stats
     notes: tuple[str, ...] = ()
+    oom: OutOfMemory | None = None
+    budget_bytes: int | None = None
 
     @property
     def peak_bytes(self) -> int:
+        """The step's peak; after an out-of-memory, the bytes live when it failed."""
+        if self.oom is not None:
+            return sum(self.oom.live_bytes.values())
         return self.timeline.peak_bytes
 
     @property
     def at_peak(self) -> dict[str, int]:
+        if self.oom is not None:
+            return dict(self.oom.live_bytes)
         return self.timeline.at_peak
 
     def difference(self) -> dict[str, int]:
@@ -82,7 +170,7 @@ class MemoryReport:
 
     def explain_difference(self) -> list[str]:
         """Sentences that say where the estimate and the measurement part ways, and why."""
-        if self.estimate is None:
+        if self.estimate is None or not self.timeline.rows:
             return []
         est, meas = self.estimate.peak_bytes, self.peak_bytes
         rel = (meas - est) / meas if meas else 0.0
@@ -130,6 +218,8 @@ class MemoryReport:
                 "allocator": self.allocator,
                 "timeline": self.timeline,
                 "notes": list(self.notes),
+                "oom": self.oom,
+                "budget_bytes": self.budget_bytes,
             }
         )
 
@@ -147,11 +237,14 @@ class MemoryReport:
         ]
 
     def __repr__(self) -> str:
+        what = "live at the out-of-memory" if self.oom else "measured peak"
         lines = [
-            f"MemoryReport({self.workload}: measured peak {format_bytes(self.peak_bytes)} "
+            f"MemoryReport({self.workload}: {what} {format_bytes(self.peak_bytes)} "
             f"on {self.timeline.device}"
             + (f", estimate {format_bytes(self.estimate.peak_bytes)})" if self.estimate else ")")
         ]
+        if self.oom is not None:
+            lines += [f"  {line}" for line in self.oom.explain()]
         lines += [f"  {c:<16} {m:>12}  {e:>12}" for c, m, e in self._rows()]
         lines += [f"  {s}" for s in self.explain_difference()]
         lines += [f"  note: {n}" for n in self.notes]
@@ -160,7 +253,10 @@ class MemoryReport:
     def _repr_html_(self) -> str:
         head = html_table(
             [
-                ("measured peak", format_bytes(self.peak_bytes)),
+                (
+                    "measured peak",
+                    "out of memory" if self.oom else format_bytes(self.peak_bytes),
+                ),
                 (
                     "estimate",
                     format_bytes(self.estimate.peak_bytes) if self.estimate else "not estimated",
@@ -169,7 +265,11 @@ class MemoryReport:
             ]
         )
         grid = html_grid(("category at peak", "measured", "estimated"), self._rows())
-        notes = "".join(
+        oom = "".join(
+            f"<div style='color:#b00'>{esc(n)}</div>"
+            for n in (self.oom.explain() if self.oom else [])
+        )
+        notes = oom + "".join(
             f"<div style='opacity:.7'>{esc(n)}</div>"
             for n in (*self.explain_difference(), *self.notes)
         )
@@ -182,10 +282,14 @@ def memory(
     batch_size: int | None = None,
     fixes: Any = (),
     estimate: bool = True,
+    budget: Any = None,
 ) -> MemoryReport:
     """Measure one training step's memory by category (real run on a copy), beside the
     traced estimate. ``fixes``: fix ids or ``gd.Fix`` objects to measure with (bf16,
-    checkpointing, batch.size)."""
+    checkpointing, batch.size). ``budget`` (bytes or "512MiB"): a memory cap for the step;
+    past it the step stops with an out-of-memory that the report explains (on a GPU a real
+    CUDA out-of-memory is explained the same way). Either way the user's state is restored.
+    """
     from gpudiag.experiment.estimate import estimate_memory
 
     if not isinstance(workload, Workload):
@@ -195,7 +299,25 @@ def memory(
         )
     chosen = tuple(Fix.coerce(f) for f in ((fixes,) if isinstance(fixes, (str, Fix)) else fixes))
     notes: list[str] = []
-    timeline = measure_timeline(workload, batch_size=batch_size, fixes=chosen)
+    budget_bytes = parse_budget(budget)
+    oom: OutOfMemory | None = None
+    timeline = MemoryTimeline((), (), device=str(workload.device), source="not measured")
+    try:
+        timeline = measure_timeline(
+            workload, batch_size=batch_size, fixes=chosen, budget_bytes=budget_bytes
+        )
+    except MemoryBudgetExceeded as exc:
+        oom = exc.oom
+    except Exception as exc:
+        if not cuda.is_oom_error(exc):
+            raise
+        oom = cuda_oom(exc, budget_bytes)
+    allocator: dict[str, Any] = {}
+    stats = allocator_stats()
+    if stats is not None:
+        allocator = jsonable(stats)
+    elif workload.device_type == "cpu":
+        notes.append("CPU: no caching allocator counters (torch.cuda.memory_stats is CUDA only)")
     est = None
     if estimate:
         precision = next(
@@ -215,5 +337,8 @@ def memory(
         estimate=est,
         batch_size=batch_size or workload.batch_size,
         fixes=tuple(f.label for f in chosen),
+        allocator=allocator,
         notes=tuple(notes),
+        oom=oom,
+        budget_bytes=budget_bytes,
     )
