@@ -45,6 +45,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "MemoryReport": ("gpudiag.experiment.memory_report", "MemoryReport"),
     "analyze_memory_snapshot": ("gpudiag.analysis.memory_snapshot", "analyze_memory_snapshot"),
     "MemorySnapshot": ("gpudiag.analysis.memory_snapshot", "MemorySnapshot"),
+    "fit": ("gpudiag.experiment.fit", "fit"),
+    "FitResult": ("gpudiag.experiment.fit", "FitResult"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -96,6 +98,8 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
     from gpudiag.experiment.estimate import estimate_memory as estimate_memory
+    from gpudiag.experiment.fit import FitResult as FitResult
+    from gpudiag.experiment.fit import fit as fit
     from gpudiag.experiment.memory_report import MemoryReport as MemoryReport
     from gpudiag.experiment.memory_report import memory as memory
     from gpudiag.experiment.workload import Workload as Workload

@@ -152,6 +152,7 @@ def _traced_estimate(
     precision: str | None,
     optimizer: str | None,
     checkpointing: Any,
+    scale_by_batch: bool = True,
 ) -> MemoryEstimate:
     if not workload.owns_step:
         traced_peak(workload, 1)  # raises the step-function error
@@ -163,7 +164,7 @@ def _traced_estimate(
     peak, at_peak = traced_peak(workload, size, fixes, factory)
     other = size // 2 if size > 1 else 2
     per_sample: int | None = None
-    if callable(workload.batch):  # a fixed batch cannot be made at another size
+    if scale_by_batch and callable(workload.batch):  # a fixed batch has one size
         other_peak, _ = traced_peak(workload, other, fixes, factory)
         per_sample = max(0, round((peak - other_peak) / (size - other)))
     n_params = sum(p.numel() for p in workload.model.parameters())
@@ -201,6 +202,7 @@ def estimate_memory(
     parallelism: Any = None,
     inputs: Any = None,
     training: bool = True,
+    scale_by_batch: bool = True,
 ) -> MemoryEstimate:
     """Peak memory of one training step per GPU, before running it.
 
@@ -211,6 +213,8 @@ def estimate_memory(
     fp32 / bf16 / fp16; ``optimizer``: adamw, adam, sgd, sgd_momentum, adam8bit, none (default:
     the workload's, AdamW for a config); ``checkpointing``: True/'full' or every n blocks;
     ``parallelism``: ``"fsdp:8"``, ``"ddp:4,tp:2"``, a dict or ``Parallelism``.
+    ``scale_by_batch``: trace a second, smaller batch for the bytes per sample (``at_batch``,
+    ``largest_batch``); off, one trace only.
     """
     if workload_or_model is None:
         raise MemoryEstimateError("give a gd.Workload, an nn.Module with inputs=, or a config")
@@ -226,6 +230,7 @@ def estimate_memory(
             precision=precision,
             optimizer=optimizer,
             checkpointing=checkpointing,
+            scale_by_batch=scale_by_batch,
         )
         return with_parallelism(est, parallelism)
     if _is_config(workload_or_model) and not _is_module(workload_or_model):

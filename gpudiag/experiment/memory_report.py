@@ -69,6 +69,40 @@ def measure_timeline(
             arm.close()
 
 
+def capped_peak(
+    workload: Workload,
+    budget_bytes: int,
+    *,
+    batch_size: int | None = None,
+    fixes: tuple[Fix, ...] = (),
+) -> tuple[int, OutOfMemory | None]:
+    """One steady-state step on a copy under a MemoryBudget, without the profiler: the peak
+    of live bytes it saw, or the out-of-memory. The user's state is restored either way."""
+    with isolated(*workload.protected):
+        model = copy.deepcopy(workload.model)
+        wl = copy.copy(workload)
+        wl.model, wl.protected = model, (model,)
+        if batch_size is not None:
+            wl.batch_size = int(batch_size)
+        arm = Arm("memory", fixes, wl, model, False, workload.device_type)
+        arm.open()
+        try:
+            arm.new_optimizer()
+            with arm.active():
+                arm.step()
+                batch = next(arm._batches) if arm._batches is not None else []
+                track = [model, arm.target.optimizer, *_tensors(batch)]
+                budget = MemoryBudget(budget_bytes, track=[t for t in track if t is not None])
+                try:
+                    with budget:
+                        arm.step()
+                except MemoryBudgetExceeded as exc:
+                    return budget.peak_bytes, exc.oom
+                return budget.peak_bytes, None
+        finally:
+            arm.close()
+
+
 def _tensors(batch: Any) -> list[Any]:
     import torch
 

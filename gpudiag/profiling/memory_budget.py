@@ -139,6 +139,7 @@ class MemoryBudget:
             raise GpuDiagError("a memory budget must be at least 1 byte")
         self.budget_bytes = int(budget_bytes)
         self.track = list(track)
+        self.peak_bytes = 0  # the highest live total seen after an operator
         self._stack: list[Any] = []
 
     def __enter__(self) -> MemoryBudget:
@@ -153,6 +154,7 @@ class MemoryBudget:
         budget = self.budget_bytes
         sites: dict[int, tuple[Any, int, str]] = {}  # id(storage) -> (weakref, bytes, site)
         holder: dict[str, Any] = {}
+        owner = self
 
         def total(snapshot: dict[Any, dict[Any, int]]) -> int:
             return sum(int(d.get("Total", 0)) for d in snapshot.values())
@@ -165,6 +167,7 @@ class MemoryBudget:
                 out = func(*args, **(kwargs or {}))
                 after_snap = tracker.get_tracker_snapshot("current")
                 after = total(after_snap)
+                owner.peak_bytes = max(owner.peak_bytes, after)
                 site = None
                 for t in torch.utils._pytree.tree_leaves(out):
                     if isinstance(t, torch.Tensor) and not t.is_meta:
