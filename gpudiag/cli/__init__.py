@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "compare",
     "diagnose",
     "recipe",
+    "memory",
 )
 
 

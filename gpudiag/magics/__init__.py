@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "compare",
     "doctor",
     "recipe",
+    "memory",
 )
 
 
