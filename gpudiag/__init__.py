@@ -47,6 +47,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "MemorySnapshot": ("gpudiag.analysis.memory_snapshot", "MemorySnapshot"),
     "fit": ("gpudiag.experiment.fit", "fit"),
     "FitResult": ("gpudiag.experiment.fit", "FitResult"),
+    "plan": ("gpudiag.experiment.plan", "plan"),
+    "Plan": ("gpudiag.experiment.plan", "Plan"),
 }
 
 __all__ = ["GpuDiagError", "GpuDiagWarning", "__version__", *_EXPORTS]
@@ -102,6 +104,8 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.experiment.fit import fit as fit
     from gpudiag.experiment.memory_report import MemoryReport as MemoryReport
     from gpudiag.experiment.memory_report import memory as memory
+    from gpudiag.experiment.plan import Plan as Plan
+    from gpudiag.experiment.plan import plan as plan
     from gpudiag.experiment.workload import Workload as Workload
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor
