@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "diagnose",
     "recipe",
     "memory",
+    "plan",
 )
 
 

@@ -26,6 +26,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "doctor",
     "recipe",
     "memory",
+    "plan",
 )
 
 
