@@ -180,6 +180,7 @@ class Layout:
     memory_breakdown: Mapping[str, int] = field(default_factory=dict)
     compute_s: float | None = None
     communication_s: Mapping[str, float] = field(default_factory=dict)  # exposed, by kind
+    traffic_bytes: Mapping[str, float] = field(default_factory=dict)  # sent per GPU and step
     bubble_s: float = 0.0
     ruled_out: str | None = None
     rule: str = ""  # short key of ruled_out: tp_across_nodes, tp_node_split, heads, ...
@@ -227,6 +228,7 @@ class Layout:
                 "memory_breakdown": dict(self.memory_breakdown),
                 "compute_s": self.compute_s,
                 "communication_s": dict(self.communication_s),
+                "traffic_bytes": dict(self.traffic_bytes),
                 "bubble_s": self.bubble_s,
                 "step_s": self.step_s,
                 "ruled_out": self.ruled_out,
@@ -507,11 +509,13 @@ def _cost(
     m = lay.micro_batches
     width = bytes_per_parameter(precision, "adamw").weights
     comm: dict[str, float] = {}
+    sent: dict[str, float] = {}
     # TP: 4 all-reduces of one micro-batch's activations per layer (+2 recomputing), exposed.
     if lay.tp > 1:
         act = lay.micro_batch * seq_len * cfg.hidden * width
         per_layer = (6 if recompute else 4) * 2 * (lay.tp - 1) / lay.tp * act
         traffic = per_layer * (cfg.layers / lay.pp) * m
+        sent["tensor parallel"] = traffic
         comm["tensor parallel"] = traffic / (links.bandwidth(1, lay.tp) * 1e9)
     # DP / FSDP: gradients (and weights) of this GPU's model shard, overlapped with compute.
     if lay.dp > 1:
@@ -527,6 +531,7 @@ def _cost(
             traffic = 2 * ring * shard * width
             window = compute * 2 / 3
             kind = "DP all-reduce" if lay.zero == 0 else f"ZeRO-{lay.zero} reduce-scatter + gather"
+        sent[kind] = traffic
         total = traffic / bw
         hidden = OVERLAP * min(total, window)
         comm[kind] = total - hidden
@@ -534,10 +539,13 @@ def _cost(
     if lay.pp > 1:
         act = lay.micro_batch * seq_len * cfg.hidden * width / lay.tp  # scatter-gather sends
         bw = links.bandwidth(lay.tp * lay.dp, lay.pp) * 1e9
+        sent["pipeline send/recv"] = 2 * m * act
         comm["pipeline send/recv"] = 2 * m * act / bw
         busy = compute + comm.get("tensor parallel", 0.0)
         bubble = busy * (lay.pp - 1) / m  # = (p-1)/(m+p-1) of the whole step
-    return replace(lay, compute_s=compute, communication_s=comm, bubble_s=bubble)
+    return replace(
+        lay, compute_s=compute, communication_s=comm, traffic_bytes=sent, bubble_s=bubble
+    )
 
 
 def plan(

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -255,3 +255,36 @@ def test_plot_stacks_compute_communication_and_bubble() -> None:
     assert fig.data[0].y[0].startswith("1. " + p.layouts[0].name)
     totals = [sum(t.x[i] for t in fig.data) for i in range(5)]
     assert totals == pytest.approx([lay.step_s for lay in p.layouts[:5]])
+
+
+def test_traffic_per_strategy_follows_the_stated_formulas() -> None:
+    cfg = TransformerConfig(layers=16, hidden=2048, heads=16, vocab_size=32000)
+    n = cfg.parameter_count()
+    p = plan(cfg, gpus=8, seq_len=1024, global_batch=32, sequence_parallel=False)
+
+    def layout(dp: int, tp: int, pp: int, zero: int) -> Any:
+        return next(
+            lay for lay in p.layouts if (lay.dp, lay.tp, lay.pp, lay.zero) == (dp, tp, pp, zero)
+        )
+
+    # DP: ring all-reduce of bf16 gradients, 2(n-1)/n x 2 bytes x parameters.
+    ddp = layout(8, 1, 1, 0)
+    assert ddp.traffic_bytes["DP all-reduce"] == pytest.approx(2 * 7 / 8 * 2 * n)
+    # FSDP: all-gather forward + backward and a reduce-scatter: 1.5x DP (ZeRO sec. 7.2.2).
+    fsdp = layout(8, 1, 1, 3)
+    assert fsdp.traffic_bytes["FSDP all-gather + reduce-scatter"] == pytest.approx(
+        1.5 * ddp.traffic_bytes["DP all-reduce"]
+    )
+    # TP: 4 all-reduces of a micro-batch's activations per layer, 2(t-1)/t each, every layer,
+    # every micro-batch (32 / dp 2 = 16); DP over the TP shard of the model.
+    tp = layout(2, 4, 1, 0)
+    act = 1 * 1024 * 2048 * 2
+    assert tp.traffic_bytes["tensor parallel"] == pytest.approx(4 * 2 * 3 / 4 * act * 16 * 16)
+    assert tp.traffic_bytes["DP all-reduce"] == pytest.approx(2 * 1 / 2 * 2 * n / 4)
+    # PP: each micro-batch's activations forward and their gradients back.
+    pp = layout(2, 1, 4, 0)
+    assert pp.traffic_bytes["pipeline send/recv"] == pytest.approx(2 * 16 * act)
+    # TP traffic is all exposed: its time is the traffic over NVLink (450 GB/s, 80 % reached).
+    assert tp.communication_s["tensor parallel"] == pytest.approx(
+        tp.traffic_bytes["tensor parallel"] / (450e9 * 0.8)
+    )
