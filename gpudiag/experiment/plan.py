@@ -575,7 +575,8 @@ def plan(
     module with a ``.config``. ``gpu``: a spec-table name (peak bf16 TFLOP/s, NVLink, memory);
     ``gpu_memory``: bytes, GiB as a small number, or "80GiB" (default: the GPU's);
     ``nodes`` / ``gpus_per_node``: default one node of ``gpus`` up to 8, or the recorded
-    ``topology``'s GPU count (a gpudiag Topology, e.g. from ``load_topology``);
+    ``topology``'s GPU count (a gpudiag Topology, e.g. from ``load_topology``, or the path of
+    a recorded ``nvidia-smi topo -m``);
     ``global_batch``: sequences per step (default: ``gpus``); ``micro_batch``: sequences per
     forward on one GPU. ``recompute``: None tries without full activation recomputation
     first, then with it when the layout does not fit; True/False forces it.
@@ -604,6 +605,7 @@ def plan(
     if bad_zero or not zero_stages:
         raise PlanError("zero_stages must list some of 0, 1, 2, 3")
     memory = _gpu_memory(gpu_memory, spec)
+    topology = _topology(topology)
     if gpus_per_node is None:
         if topology is not None and topology.gpu_count:
             gpus_per_node = topology.gpu_count
@@ -706,6 +708,22 @@ def plan(
         layouts=tuple(fitting),
         ruled_out=tuple(ruled),
         assumptions=assumptions,
+    )
+
+
+def _topology(value: Any) -> Any:
+    """A gpudiag Topology from itself, None, or a recorded ``nvidia-smi topo -m`` file path."""
+    import os
+
+    from gpudiag.probe.topology import Topology, load_topology
+
+    if value is None or isinstance(value, Topology):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_topology(value)
+    raise PlanError(
+        f"topology must be a gpudiag Topology or a `nvidia-smi topo -m` file, got "
+        f"{type(value).__name__}"
     )
 
 

@@ -288,3 +288,13 @@ def test_traffic_per_strategy_follows_the_stated_formulas() -> None:
     assert tp.communication_s["tensor parallel"] == pytest.approx(
         tp.traffic_bytes["tensor parallel"] / (450e9 * 0.8)
     )
+
+
+def test_topology_as_a_file_path_and_bad_topologies() -> None:
+    by_path = plan("llama3-8b", gpus=8, topology=str(H100_NODE), seq_len=4096)
+    by_object = plan("llama3-8b", gpus=8, topology=load_topology(H100_NODE), seq_len=4096)
+    assert by_path.to_dict() == by_object.to_dict()
+    with pytest.raises(PlanError, match="topology must be"):
+        plan("llama3-8b", gpus=8, topology=42)
+    with pytest.raises(gd.GpuDiagError, match="cannot read topology file"):
+        plan("llama3-8b", gpus=8, topology=str(H100_NODE) + ".missing")
