@@ -140,7 +140,8 @@ KNOWN_MODELS: Mapping[str, Mapping[str, Any]] = {
 
 
 def resolve_model(model_or_config: Any) -> tuple[TransformerConfig, str]:
-    """A TransformerConfig and a name from a known name, a config, or a module with ``.config``."""
+    """A TransformerConfig and a name from a known name, a config, a module with ``.config``
+    or a ``gd.Workload`` whose model has one."""
     if isinstance(model_or_config, TransformerConfig):
         return model_or_config, "transformer"
     if isinstance(model_or_config, str):
@@ -153,6 +154,9 @@ def resolve_model(model_or_config: Any) -> tuple[TransformerConfig, str]:
         return TransformerConfig(**KNOWN_MODELS[key]), key
     config = model_or_config
     name = ""
+    inner = getattr(config, "model", None)  # a gd.Workload: plan its model
+    if not isinstance(config, Mapping) and hasattr(inner, "config"):
+        config = inner
     if not isinstance(config, Mapping) and hasattr(config, "config"):
         name = type(config).__name__
         config = config.config
@@ -202,7 +206,9 @@ class Layout:
     @property
     def name(self) -> str:
         parts = []
-        if self.dp > 1 or (self.tp == 1 and self.pp == 1):
+        if self.dp * self.tp * self.pp == 1:
+            parts.append("1 GPU")
+        elif self.dp > 1:
             kind = {0: "DP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "FSDP"}[self.zero]
             parts.append(f"{kind} {self.dp}")
         if self.tp > 1:

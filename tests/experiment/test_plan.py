@@ -298,3 +298,21 @@ def test_topology_as_a_file_path_and_bad_topologies() -> None:
         plan("llama3-8b", gpus=8, topology=42)
     with pytest.raises(gd.GpuDiagError, match="cannot read topology file"):
         plan("llama3-8b", gpus=8, topology=str(H100_NODE) + ".missing")
+
+
+def test_the_demo_gpt_module_and_workload() -> None:
+    from gpudiag import workloads
+
+    wl = workloads.get("gpt", n_layer=4, d_model=256, n_head=4)
+    by_module = plan(wl.model, gpus=2, seq_len=256)
+    by_workload = plan(wl, gpus=2, seq_len=256)
+    assert by_module.model == by_workload.model == "TinyGPT"
+    cfg = wl.model.config
+    assert (
+        by_module.parameters
+        == TransformerConfig(
+            layers=cfg.n_layer, hidden=cfg.d_model, heads=cfg.n_head, vocab_size=cfg.vocab_size
+        ).parameter_count()
+    )
+    single = plan(wl, gpus=1, seq_len=256)
+    assert [lay.name for lay in single.layouts] == ["1 GPU"]
