@@ -242,6 +242,20 @@ class Layout:
             }
         )
 
+    def _repr_html_(self) -> str:
+        if self.ruled_out:
+            return card(f"Layout {self.name}", html_table([("ruled out", self.ruled_out)]))
+        rows: list[tuple[object, object]] = [
+            ("step (estimated)", _secs(self.step_s)),
+            ("compute", _secs(self.compute_s)),
+            *((f"{kind} (exposed)", _secs(t)) for kind, t in self.communication_s.items()),
+            ("pipeline bubble", _secs(self.bubble_s)),
+            ("memory per GPU", format_bytes(self.memory_bytes)),
+            ("micro-batch x micro-batches", f"{self.micro_batch} x {self.micro_batches}"),
+            ("activation recomputation", self.checkpointing or "off"),
+        ]
+        return card(f"Layout {self.name}", html_table(rows))
+
     def __repr__(self) -> str:
         if self.ruled_out:
             return f"Layout({self.name}: ruled out, {self.ruled_out})"
@@ -605,6 +619,8 @@ def plan(
         raise PlanError("mfu must be in (0, 1]")
     if not 0 <= headroom < 1:
         raise PlanError("headroom must be in [0, 1)")
+    if not network_gbps > 0:
+        raise PlanError("network_gbps (GB/s per GPU across nodes) must be positive")
     if micro_batch < 1:
         raise PlanError("micro_batch must be at least 1")
     bad_zero = set(zero_stages) - {0, 1, 2, 3}

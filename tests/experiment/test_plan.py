@@ -196,6 +196,10 @@ def test_reports_are_json_safe_escaped_and_readable() -> None:
     html = p._repr_html_()
     assert "<b>x</b>" not in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html
+    best_html = p.layouts[0]._repr_html_()
+    assert "step (estimated)" in best_html
+    assert "memory per GPU" in best_html
+    assert "ruled out" in p.ruled_out[0]._repr_html_()
     text = repr(p)
     assert text.startswith("Plan(")
     assert "1. " in text
@@ -234,6 +238,8 @@ def test_bad_settings_are_plan_errors() -> None:
         plan(SMALL, gpus=8, nodes=3, gpus_per_node=2)
     with pytest.raises(PlanError, match="gpu_memory"):
         plan(SMALL, gpus=2, gpu_memory="lots")
+    with pytest.raises(PlanError, match="network_gbps"):
+        plan(SMALL, gpus=2, network_gbps=0)
     with pytest.raises(PlanError, match="zero_stages"):
         plan(SMALL, gpus=2, zero_stages=(4,))
     assert plan(SMALL, gpus=2, gpu_memory=40).gpu_memory_bytes == 40 * 2**30
