@@ -39,6 +39,16 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Recipe": ("gpudiag.recipe", "Recipe"),
     "diagnose": ("gpudiag.rules", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
+    "estimate_memory": ("gpudiag.experiment.estimate", "estimate_memory"),
+    "MemoryEstimate": ("gpudiag.analysis.memory_estimate", "MemoryEstimate"),
+    "memory": ("gpudiag.experiment.memory_report", "memory"),
+    "MemoryReport": ("gpudiag.experiment.memory_report", "MemoryReport"),
+    "analyze_memory_snapshot": ("gpudiag.analysis.memory_snapshot", "analyze_memory_snapshot"),
+    "MemorySnapshot": ("gpudiag.analysis.memory_snapshot", "MemorySnapshot"),
+    "fit": ("gpudiag.experiment.fit", "fit"),
+    "FitResult": ("gpudiag.experiment.fit", "FitResult"),
+    "plan": ("gpudiag.experiment.plan", "plan"),
+    "Plan": ("gpudiag.experiment.plan", "Plan"),
 }
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
@@ -96,6 +106,11 @@ def unload_ipython_extension(ipython: Any) -> None:
 if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag import bench as bench
     from gpudiag import specs as specs
+    from gpudiag.analysis.memory_estimate import MemoryEstimate as MemoryEstimate
+    from gpudiag.analysis.memory_snapshot import MemorySnapshot as MemorySnapshot
+    from gpudiag.analysis.memory_snapshot import (
+        analyze_memory_snapshot as analyze_memory_snapshot,
+    )
     from gpudiag.analysis.occupancy import Occupancy as Occupancy
     from gpudiag.analysis.occupancy import best_block_size as best_block_size
     from gpudiag.analysis.occupancy import occupancy as occupancy
@@ -105,6 +120,13 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
+    from gpudiag.experiment.estimate import estimate_memory as estimate_memory
+    from gpudiag.experiment.fit import FitResult as FitResult
+    from gpudiag.experiment.fit import fit as fit
+    from gpudiag.experiment.memory_report import MemoryReport as MemoryReport
+    from gpudiag.experiment.memory_report import memory as memory
+    from gpudiag.experiment.plan import Plan as Plan
+    from gpudiag.experiment.plan import plan as plan
     from gpudiag.experiment.workload import Workload as Workload
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor

@@ -24,6 +24,8 @@ COMMANDS: tuple[str, ...] = (
     "recipe",
     "record",
     "doctor",
+    "memory",
+    "plan",
 )
 # Under torchrun these run on every rank and rank 0 prints one merged answer.
 ON_EVERY_RANK: tuple[str, ...] = ("inspect", "bench")

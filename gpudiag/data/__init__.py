@@ -18,3 +18,4 @@ def recording(name: str) -> Path:
 
 
 A100_MIG = "a100-sxm4-80gb-mig.nvidia-smi.xml"
+H100_NODE_TOPOLOGY = "h100-sxm5-8x.topo-m.txt"  # `nvidia-smi topo -m` of an 8x H100 SXM5 node

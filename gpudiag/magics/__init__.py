@@ -26,6 +26,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "compare",
     "doctor",
     "recipe",
+    "memory",
+    "plan",
 )
 
 

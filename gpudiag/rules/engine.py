@@ -29,6 +29,7 @@ FAMILIES: tuple[str, ...] = (
     "utilization",
     "code",
     "topology",
+    "memory",
 )
 
 # What each kind of evidence is, in words (for "not evaluated: missing ...").
@@ -41,6 +42,7 @@ NEEDS: dict[str, str] = {
     "code": "the workload's source code",
     "runtime": "the process's torch settings (gpudiag.probe.runtime)",
     "workload": "a workload (gd.Workload or a demo name)",
+    "memory": "memory evidence (gd.memory / gd.fit / gd.estimate_memory / a snapshot)",
     "batch_scaling": "step times at two batch sizes (gd.diagnose(workload) with a "
     "batch=(batch_size -> batch) workload)",
 }
@@ -59,6 +61,7 @@ class EvidenceBundle:
     batch_scaling: Any = None  # gpudiag.experiment.batch_scaling.BatchScaling
     # measured collective bandwidth: CollectiveResults (gd.bench.allreduce, nccl-tests logs)
     collectives: Any = None
+    memory: Any = None  # gpudiag.rules.memory.MemoryEvidence
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def has(self, need: str) -> bool:
@@ -246,6 +249,8 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
         sources.append("torch switches")
     if evidence.batch_scaling is not None:
         sources.append("batch scaling")
+    if evidence.memory is not None:
+        sources.append("memory")
     return Diagnosis(
         tuple(findings),
         tuple(skipped),

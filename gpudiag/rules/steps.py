@@ -115,7 +115,7 @@ def stragglers(evidence: EvidenceBundle) -> Iterator[Finding]:
 
 
 @rule("steps.per_step_overhead", category=CATEGORY, needs=("batch_scaling",))
-def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding]:
+def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """The batch is so small that a fixed per-step cost (Python, launches, the optimizer)
     dominates: a larger batch costs little more per step (SageMaker's BatchSize rule, measured
     instead of inferred from utilization)."""

@@ -1,0 +1,314 @@
+"""``gd.fit``: the largest micro-batch that fits a memory budget, and what else would fit.
+
+The traced estimate (nothing allocated) gives the bytes each sample adds; the largest
+micro-batch that divides the workload's batch and fits is then confirmed by one measured step
+under the same budget (``gd.memory(budget=...)``, the user's state restored), stepping down
+after an out-of-memory. Gradient accumulation keeps the global batch: the answer is a
+``batch.size`` fix with ``micro_batch`` and ``accumulation``. The what-if table gives, for each
+change a recipe can carry (each row a fix id), the peak it would give and whether it fits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
+from gpudiag.errors import GpuDiagError
+from gpudiag.experiment.estimate import estimate_memory
+from gpudiag.experiment.memory_report import capped_peak, parse_budget
+from gpudiag.experiment.workload import Workload, WorkloadError
+from gpudiag.fixes import Fix
+from gpudiag.fixes import _system as fix_system
+from gpudiag.probe import cuda
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One option: the fixes it applies, the peak it would give, whether that fits."""
+
+    label: str
+    fixes: tuple[str, ...]
+    peak_bytes: int | None
+    fits: bool | None
+    source: str  # "traced estimate", "estimate + parallelism", "not available: ..."
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """``gd.fit``'s answer: micro-batch, accumulation, the confirming step, the what-ifs."""
+
+    workload: str
+    budget_bytes: int
+    budget_source: str
+    global_batch: int
+    micro_batch: int | None  # None: not even one sample fits as is
+    accumulation: int | None
+    confirmed: bool  # a measured step at micro_batch stayed within the budget
+    measured_peak_bytes: int | None
+    estimate: MemoryEstimate
+    whatifs: tuple[WhatIf, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fix(self) -> Fix | None:
+        """The ``batch.size`` fix that keeps the global batch (None when it already fits)."""
+        if self.micro_batch is None or self.accumulation is None or self.accumulation == 1:
+            return None
+        return Fix("batch.size", micro_batch=self.micro_batch, accumulation=self.accumulation)
+
+    def fitting(self) -> list[WhatIf]:
+        return [w for w in self.whatifs if w.fits]
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "kind": "fit",
+                "workload": self.workload,
+                "budget_bytes": self.budget_bytes,
+                "budget_source": self.budget_source,
+                "global_batch": self.global_batch,
+                "micro_batch": self.micro_batch,
+                "accumulation": self.accumulation,
+                "fix": None if self.fix is None else self.fix.to_dict(),
+                "confirmed": self.confirmed,
+                "measured_peak_bytes": self.measured_peak_bytes,
+                "estimate": self.estimate,
+                "whatifs": self.whatifs,
+                "notes": list(self.notes),
+            }
+        )
+
+    def plot(self) -> Any:
+        from gpudiag.plots.memory import whatif_figure
+
+        rows = [(w.label, w.breakdown) for w in self.whatifs if w.peak_bytes is not None]
+        return whatif_figure(rows, budget_bytes=self.budget_bytes)
+
+    def _summary(self) -> str:
+        if self.micro_batch is None:
+            return "not even one sample fits as is: see the what-if table"
+        if self.accumulation == 1:
+            return f"the batch of {self.global_batch} fits as is"
+        return (
+            f"micro-batch {self.micro_batch} x {self.accumulation} accumulation steps keeps the "
+            f"batch of {self.global_batch} (fix batch.size)"
+        )
+
+    def _rows(self) -> list[tuple[str, str, str, str, str]]:
+        return [
+            (
+                w.label,
+                ", ".join(w.fixes) or "-",
+                format_bytes(w.peak_bytes),
+                {True: "fits", False: "too big", None: "n/a"}[w.fits],
+                w.source,
+            )
+            for w in self.whatifs
+        ]
+
+    def __repr__(self) -> str:
+        lines = [
+            f"FitResult({self.workload}: budget {format_bytes(self.budget_bytes)} "
+            f"({self.budget_source}); {self._summary()}"
+            + ("; confirmed by a measured step)" if self.confirmed else ")")
+        ]
+        lines += [f"  {a:<28} {c:>12}  {d:<8} {b}" for a, b, c, d, _ in self._rows()]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        head = html_table(
+            [
+                ("budget", f"{format_bytes(self.budget_bytes)} ({self.budget_source})"),
+                ("answer", self._summary()),
+                ("confirmed", "by a measured step" if self.confirmed else "estimate only"),
+            ]
+        )
+        grid = html_grid(("option", "fixes", "peak", "", "from"), self._rows())
+        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
+        return card(f"What fits: {self.workload}", head + grid + notes)
+
+
+def default_budget(workload: Workload, system: Any = None) -> tuple[int, str]:
+    """The device's free memory: CUDA ``mem_get_info`` free, else the host's available RAM."""
+    if workload.device_type == "cuda":
+        info = cuda.mem_get_info()
+        if info is not None:
+            return int(info[0]), "free on the GPU (torch.cuda.mem_get_info)"
+    host = fix_system.host(system)
+    reading = getattr(host, "memory_available_bytes", None)
+    value = reading.get() if reading is not None else None
+    if value:
+        return int(value), "host memory available"
+    raise GpuDiagError("could not read the free memory here: pass memory_budget= (e.g. '8GiB')")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def _whatif(
+    workload: Workload,
+    label: str,
+    fixes: tuple[str, ...],
+    budget: int,
+    micro: int,
+    **kwargs: Any,
+) -> WhatIf:
+    try:
+        est = estimate_memory(workload, batch_size=micro, scale_by_batch=False, **kwargs)
+    except GpuDiagError as exc:
+        return WhatIf(label, fixes, None, None, f"not available: {str(exc).split(';')[0]}")
+    return WhatIf(
+        label,
+        fixes,
+        est.peak_bytes,
+        est.peak_bytes <= budget,
+        "traced estimate",
+        dict(est.breakdown),
+    )
+
+
+def fit(
+    workload: Workload,
+    memory_budget: Any = None,
+    *,
+    confirm: bool = True,
+    fsdp_degrees: tuple[int, ...] = (2, 4, 8),
+    system: Any = None,
+) -> FitResult:
+    """The largest micro-batch of ``workload`` that fits ``memory_budget`` (bytes or "8GiB";
+    default: the device's free memory), the accumulation that keeps its batch, and a what-if
+    table of memory fixes. ``confirm`` runs one measured step at the answer (on a copy)."""
+    if not isinstance(workload, Workload) or not workload.owns_step:
+        raise WorkloadError("gd.fit needs a gd.Workload with model= and batch=")
+    if workload.dataloader is not None and workload.batch is None:
+        raise WorkloadError("gd.fit builds batches of other sizes: give the workload batch=")
+    if memory_budget is None:
+        budget, source = default_budget(workload, system)
+    else:
+        budget, source = int(parse_budget(memory_budget) or 0), "given"
+    notes: list[str] = []
+    global_batch = workload.batch_size
+    est = estimate_memory(workload)
+    largest = est.largest_batch(budget) if est.per_sample_bytes is not None else None
+    if largest is None:
+        largest = global_batch if est.peak_bytes <= budget else 0
+        notes.append("the workload's batch is fixed: no per-sample scaling")
+    candidates = [d for d in _divisors(global_batch) if d <= largest]
+    micro: int | None = candidates[0] if candidates else None
+    confirmed, measured = False, None
+    if confirm and micro is not None:
+        for size in candidates[:3]:
+            peak, oom = capped_peak(workload, budget, batch_size=size)
+            if oom is None:
+                micro, confirmed, measured = size, True, peak
+                break
+            notes.append(
+                f"micro-batch {size} ran out of memory in the measured step "
+                f"({oom.explain()[0]}); trying a smaller one"
+            )
+        else:
+            notes.append("no micro-batch was confirmed by a measured step")
+            micro = None
+    accumulation = None if micro is None else global_batch // micro
+    whatifs = [
+        WhatIf(
+            f"as is (batch {global_batch})",
+            (),
+            est.peak_bytes,
+            est.peak_bytes <= budget,
+            "traced estimate",
+            dict(est.breakdown),
+        )
+    ]
+    if micro is not None and accumulation and accumulation > 1:
+        whatifs.append(
+            _whatif(
+                workload,
+                f"micro-batch {micro} x {accumulation}",
+                (f"batch.size:micro_batch={micro},accumulation={accumulation}",),
+                budget,
+                micro,
+            )
+        )
+    whatifs.append(
+        _whatif(
+            workload, "bf16 autocast", ("precision.bf16",), budget, global_batch, precision="bf16"
+        )
+    )
+    whatifs.append(
+        _whatif(
+            workload,
+            "activation checkpointing",
+            ("activation.checkpointing",),
+            budget,
+            global_batch,
+            checkpointing=True,
+        )
+    )
+    whatifs.append(
+        _whatif(
+            workload,
+            "bf16 + checkpointing",
+            ("precision.bf16", "activation.checkpointing"),
+            budget,
+            global_batch,
+            precision="bf16",
+            checkpointing=True,
+        )
+    )
+    for n in fsdp_degrees:
+        sharded = with_parallelism(est, f"fsdp:{n}")
+        whatifs.append(
+            WhatIf(
+                f"FSDP over {n} GPUs",
+                ("fsdp.wrap",),
+                sharded.peak_bytes,
+                sharded.peak_bytes <= budget,
+                "estimate + parallelism (per GPU)",
+                dict(sharded.breakdown),
+            )
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        whatifs.append(
+            WhatIf(
+                "8-bit optimizer",
+                (),
+                None,
+                None,
+                "not available: bitsandbytes is not installed (pip install bitsandbytes)",
+            )
+        )
+    else:
+        whatifs.append(
+            _whatif(workload, "8-bit optimizer", (), budget, global_batch, optimizer="adam8bit")
+        )
+    whatifs.append(
+        WhatIf(
+            "expandable segments",
+            ("allocator.config:expandable_segments=true",),
+            est.peak_bytes if workload.device_type == "cuda" else None,
+            (est.peak_bytes <= budget) if workload.device_type == "cuda" else None,
+            "same allocated peak; lowers reserved-but-unused (fragmentation) on a GPU"
+            if workload.device_type == "cuda"
+            else "not available: a CUDA caching-allocator setting (no effect on a CPU)",
+        )
+    )
+    return FitResult(
+        workload=workload.name,
+        budget_bytes=budget,
+        budget_source=source,
+        global_batch=global_batch,
+        micro_batch=micro,
+        accumulation=accumulation,
+        confirmed=confirmed,
+        measured_peak_bytes=measured,
+        estimate=est,
+        whatifs=tuple(whatifs),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,86 @@
+"""Memory figures: a step's live bytes as a stacked area by category; estimates as bars."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpudiag.profiling.memory import MemoryTimeline
+
+_MIB = 2**20
+CATEGORY_COLORS: dict[str, str] = {
+    "parameters": "#54a24b",
+    "gradients": "#4c78a8",
+    "optimizer_state": "#eeca3b",
+    "activations": "#e45756",
+    "temporaries": "#b279a2",
+    "kv_cache": "#f58518",
+    "inputs": "#72b7b2",
+    "other": "#bab0ac",
+}
+
+
+def timeline_figure(timeline: MemoryTimeline, *, title: str = "Memory of one step") -> Any:
+    """Stacked area of live MiB by category over the step, the peak marked."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    t0 = timeline.times_us[0] if timeline.times_us else 0.0
+    xs = [(t - t0) / 1000.0 for t in timeline.times_us]
+    for category in timeline.categories:
+        ys = [v / _MIB for v in timeline.series(category)]
+        if not any(ys):
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                name=category.replace("_", " "),
+                stackgroup="memory",
+                mode="lines",
+                line={"width": 0.5, "color": CATEGORY_COLORS.get(category)},
+            )
+        )
+    if timeline.rows:
+        fig.add_hline(
+            y=timeline.peak_bytes / _MIB,
+            line_dash="dot",
+            annotation_text=f"peak {timeline.peak_bytes / _MIB:,.1f} MiB",
+        )
+    fig.update_layout(
+        title=title, xaxis_title="ms into the step", yaxis_title="live MiB", hovermode="x unified"
+    )
+    return fig
+
+
+def whatif_figure(
+    rows: Sequence[tuple[str, Mapping[str, int]]],
+    *,
+    budget_bytes: int | None = None,
+    title: str = "Peak memory per option",
+) -> Any:
+    """One stacked bar per option (label, category -> bytes), the budget as a line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    labels = [label for label, _ in rows]
+    categories = [c for c in CATEGORY_COLORS if any(b.get(c) for _, b in rows)]
+    for category in categories:
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=[b.get(category, 0) / _MIB for _, b in rows],
+                name=category.replace("_", " "),
+                marker_color=CATEGORY_COLORS[category],
+            )
+        )
+    if budget_bytes:
+        fig.add_hline(
+            y=budget_bytes / _MIB,
+            line_dash="dash",
+            line_color="black",
+            annotation_text=f"budget {budget_bytes / _MIB:,.0f} MiB",
+        )
+    fig.update_layout(title=title, barmode="stack", yaxis_title="peak MiB")
+    return fig

@@ -1,0 +1,355 @@
+"""Memory of one step by category: traced without allocating (fake tensors) or measured (profiler).
+
+Two measurements of the same thing, the live tensor bytes of one training step by category:
+
+* ``traced_step_memory``: runs the step on fake tensors (``torch._subclasses.fake_tensor``:
+  shapes, dtypes and devices, no storage) under torch's own memory tracker
+  (``torch.distributed._tools.mem_tracker.MemTracker``, which sorts every storage into
+  parameter / buffer / gradient / activation / temporary / optimizer state by when it is
+  made). Nothing is allocated, so it answers for a model that would not fit. It sees what the
+  operators declare; a CPU kernel's private scratch buffers (oneDNN convolution and
+  batch-norm backward) are not declared, so the CPU can measure more than it traces.
+* ``measure_step_timeline``: runs the step for real under ``torch.profiler`` with memory
+  events, shapes and stacks, and reads torch's categorised memory timeline (the data behind
+  ``profile.export_memory_timeline``: parameter, optimizer state, input, temporary,
+  activation, gradient, autograd detail). On a CPU this is the real peak; on a GPU the same
+  timeline covers the CUDA device (untested on a real GPU in this version).
+
+Both are private torch APIs (underscored modules); when one is missing the functions say so
+with a MemoryMeasurementError instead of failing obscurely.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudiag._report import jsonable
+from gpudiag.analysis.memory_estimate import CATEGORIES
+from gpudiag.errors import GpuDiagError
+
+
+class MemoryMeasurementError(GpuDiagError):
+    """A step's memory could not be traced or measured (the reason says why)."""
+
+
+# torch.profiler._memory_profiler.Category names -> gpudiag categories. Buffers and the step's
+# inputs are both "INPUT" to the profiler; autograd's own tensors are temporaries of backward.
+PROFILER_CATEGORIES: dict[str, str] = {
+    "PARAMETER": "parameters",
+    "OPTIMIZER_STATE": "optimizer_state",
+    "INPUT": "inputs",
+    "TEMPORARY": "temporaries",
+    "ACTIVATION": "activations",
+    "GRADIENT": "gradients",
+    "AUTOGRAD_DETAIL": "temporaries",
+}
+# The order of torch's exported timelines (``_CATEGORY_TO_COLORS``): the raw export's 4th field
+# and the JSON export's columns 1.. follow it; the last (None) is an unknown role.
+EXPORT_ORDER: tuple[str | None, ...] = (
+    "PARAMETER",
+    "OPTIMIZER_STATE",
+    "INPUT",
+    "TEMPORARY",
+    "ACTIVATION",
+    "GRADIENT",
+    "AUTOGRAD_DETAIL",
+    None,
+)
+# MemTracker reference types -> gpudiag categories.
+TRACKER_CATEGORIES: dict[str, str] = {
+    "Parameter": "parameters",
+    "Buffer": "inputs",
+    "Gradient": "gradients",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Optstate": "optimizer_state",
+    "Other": "inputs",
+}
+
+
+def _category(name: str | None) -> str:
+    return PROFILER_CATEGORIES.get(name or "", "other")
+
+
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """Live bytes by category over one step: ``times_us`` and one row per time, by category.
+
+    ``peak_bytes`` is the largest total; ``at_peak`` its breakdown; ``start_bytes`` what was
+    live when the step began (parameters, optimizer state, inputs).
+    """
+
+    times_us: tuple[float, ...]
+    rows: tuple[tuple[int, ...], ...]  # each row: bytes per category, in ``categories`` order
+    categories: tuple[str, ...] = CATEGORIES
+    device: str = "cpu"
+    source: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def totals(self) -> list[int]:
+        return [sum(r) for r in self.rows]
+
+    @property
+    def peak_index(self) -> int:
+        totals = self.totals
+        return max(range(len(totals)), key=totals.__getitem__) if totals else 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.totals, default=0)
+
+    @property
+    def start_bytes(self) -> int:
+        return sum(self.rows[0]) if self.rows else 0
+
+    @property
+    def at_peak(self) -> dict[str, int]:
+        if not self.rows:
+            return dict.fromkeys(self.categories, 0)
+        return dict(zip(self.categories, self.rows[self.peak_index], strict=True))
+
+    def series(self, category: str) -> list[int]:
+        i = self.categories.index(category)
+        return [r[i] for r in self.rows]
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "device": self.device,
+                "source": self.source,
+                "categories": list(self.categories),
+                "times_us": list(self.times_us),
+                "rows": [list(r) for r in self.rows],
+                "peak_bytes": self.peak_bytes,
+                "at_peak": self.at_peak,
+                "notes": list(self.notes),
+            }
+        )
+
+
+def _rows_from(
+    times: Sequence[float], sizes: Sequence[Sequence[int]], columns: Sequence[str | None]
+) -> tuple[tuple[float, ...], tuple[tuple[int, ...], ...]]:
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    rows = []
+    for size in sizes:
+        row = [0] * len(CATEGORIES)
+        for column, value in zip(columns, size, strict=False):
+            row[index[_category(column)]] += int(value)
+        rows.append(tuple(row))
+    return tuple(float(t) for t in times), tuple(rows)
+
+
+def timeline_from_raw_events(
+    events: Sequence[Sequence[Any]], *, device: str = "cpu", source: str = ""
+) -> MemoryTimeline:
+    """A timeline (microseconds from the first event) from ``export_memory_timeline_raw``
+    events: ``[time_ns, action, bytes, category]`` with action 1 pre-existing (time -1),
+    2 create, 3 increment version, 4 destroy (torch's ``Action`` values), bytes already signed
+    (a destroy and the old half of a version bump are negative) and category an index into
+    torch's export order."""
+    parsed: list[tuple[float, int, int, int]] = []
+    for event in events:
+        try:
+            t, action, nbytes, cat = float(event[0]), int(event[1]), int(event[2]), int(event[3])
+        except (TypeError, ValueError, IndexError):
+            raise MemoryMeasurementError(
+                f"not a raw memory timeline event (time, action, bytes, category): {event!r}"
+            ) from None
+        if not 0 <= cat < len(EXPORT_ORDER) or action not in (1, 2, 3, 4):
+            raise MemoryMeasurementError(f"unknown category or action in event {event!r}")
+        parsed.append((t, action, nbytes, cat))
+    parsed.sort(key=lambda e: e[0])  # stable: events of one timestamp keep their order
+    level = [0] * len(CATEGORIES)
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    times: list[float] = []
+    rows: list[tuple[int, ...]] = []
+    t0 = min((t for t, *_ in parsed if t != -1), default=0.0)
+    for t, _action, nbytes, cat in parsed:
+        level[index[_category(EXPORT_ORDER[cat])]] += nbytes
+        t = 0.0 if t == -1 else (t - t0) / 1000.0  # ns -> us since the first event
+        if times and times[-1] == t:
+            rows[-1] = tuple(level)
+        else:
+            times.append(t)
+            rows.append(tuple(level))
+    return MemoryTimeline(tuple(times), tuple(rows), device=device, source=source)
+
+
+def read_memory_timeline(path: str | os.PathLike[str], *, device: str = "cpu") -> MemoryTimeline:
+    """Read a file written by ``torch.profiler.profile.export_memory_timeline``: the ``.json``
+    form (``[times, sizes by category]``) or the raw form (``.raw.json``, events); gzipped
+    or not."""
+    name = os.fspath(path)
+    try:
+        opener: Callable[..., Any] = gzip.open if name.endswith(".gz") else open
+        with opener(name, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        raise MemoryMeasurementError(f"no memory timeline at {name}") from None
+    except (OSError, ValueError) as exc:
+        raise MemoryMeasurementError(f"{name} is not a JSON memory timeline: {exc}") from None
+    source = f"torch.profiler memory timeline export {os.path.basename(name)}"
+    if (
+        isinstance(data, list)
+        and len(data) == 2
+        and isinstance(data[0], list)
+        and isinstance(data[1], list)
+        and all(isinstance(r, list) and len(r) == len(EXPORT_ORDER) + 1 for r in data[1])
+    ):
+        # Column 0 of each row is unused by torch; the categories follow in export order.
+        times, rows = _rows_from(data[0], [r[1:] for r in data[1]], EXPORT_ORDER)
+        return MemoryTimeline(times, rows, device=device, source=source)
+    if isinstance(data, list) and all(isinstance(e, list) and len(e) == 4 for e in data):
+        return timeline_from_raw_events(data, device=device, source=source)
+    raise MemoryMeasurementError(
+        f"{name}: neither export_memory_timeline's [times, sizes] nor its raw event list"
+    )
+
+
+def measure_step_timeline(step: Callable[[], Any], *, device: str = "cpu") -> MemoryTimeline:
+    """Run ``step`` once under torch.profiler and return its categorised memory timeline.
+
+    The timeline starts with what is already live (parameters, optimizer state, inputs) and
+    follows every allocation and free of the step; categories come from torch's memory
+    profiler, which reads the autograd graph and the optimizer (shapes and stacks recorded).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    with profile(
+        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        step()
+    try:
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        timeline = MemoryProfileTimeline(prof._memory_profile())
+        times, sizes = timeline._coalesce_timeline(str(torch.device(device)))
+    except (ImportError, AttributeError, RuntimeError, AssertionError, KeyError) as exc:
+        raise MemoryMeasurementError(
+            f"torch's memory profiler could not categorise this step ({exc!r}); "
+            "gd.compare still measures its uncategorised peak"
+        ) from None
+    # _coalesce_timeline rows: column 0 unused, then torch's export order.
+    t, rows = _rows_from(times, [r[1:] for r in sizes], EXPORT_ORDER)
+    return MemoryTimeline(
+        t,
+        rows,
+        device=device,
+        source="torch.profiler memory events, categorised by torch's memory profiler",
+    )
+
+
+@dataclass(frozen=True)
+class TracedMemory:
+    """Peak of one step traced on fake tensors, by category at the peak moment."""
+
+    peak_bytes: int
+    at_peak: dict[str, int]
+    device: str
+    method: str = (
+        "fake tensors (torch._subclasses.fake_tensor) under torch.distributed._tools.MemTracker"
+    )
+
+
+def _kernel_scratch_mode() -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class KernelScratch(TorchDispatchMode):
+        """Adds the buffers a CPU kernel allocates for itself, which fake tensors never see.
+
+        Measured with the profiler on torch 2.13 (CPU, oneDNN): ``aten::convolution_backward``
+        asked for the input's gradient clones an input-sized buffer (``aten::contiguous`` ->
+        ``aten::clone`` inside it), and ``aten::native_batch_norm_backward`` allocates an
+        input-sized buffer besides its outputs; both are freed before the operator returns.
+        The same buffers are made here, through the tracker, so they count as temporaries
+        while the operator runs.
+        """
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            import torch
+
+            scratch = None
+            aten = torch.ops.aten
+            on_cpu = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].is_cpu
+            if on_cpu and (
+                (func is aten.convolution_backward.default and args[-1] and args[-1][0])
+                or func is aten.native_batch_norm_backward.default
+            ):
+                scratch = torch.empty_like(args[1])
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                del scratch
+
+    return KernelScratch()
+
+
+_KernelScratch = _kernel_scratch_mode
+
+
+@contextmanager
+def fake_tensors() -> Iterator[Any]:
+    """A FakeTensorMode in which real inputs are turned fake on first use."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError as exc:  # pragma: no cover - torch always ships it from 2.0
+        raise MemoryMeasurementError(f"this torch has no fake tensors: {exc}") from None
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        yield mode
+
+
+def fake_copy(mode: Any, obj: Any) -> Any:
+    """A deep copy of ``obj`` (a module) whose tensors are fake: no storage is allocated."""
+    import copy
+
+    from torch._subclasses.fake_tensor import FakeCopyMode
+
+    with FakeCopyMode(mode):
+        return copy.deepcopy(obj)
+
+
+def traced_step_memory(
+    step: Callable[[], Any], *, track: Sequence[Any], device: str = "cpu"
+) -> TracedMemory:
+    """Trace ``step`` (called inside ``fake_tensors()``, on fake modules) under MemTracker.
+
+    ``track``: the modules, optimizers and input tensors live before the step, so they count
+    in its peak. Call one warm-up step first when the optimizer creates its state lazily.
+    """
+    import torch
+
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as exc:
+        raise MemoryMeasurementError(
+            f"torch.distributed._tools.mem_tracker is not in this torch build: {exc}"
+        ) from None
+    tracker = MemTracker()
+    tracker.track_external(*track)
+    with tracker, _KernelScratch():
+        step()
+    snapshot = tracker.get_tracker_snapshot("peak")
+    dev = torch.device(device)
+    per_device = snapshot.get(dev) or next(iter(snapshot.values()), {})
+    at_peak = dict.fromkeys(CATEGORIES, 0)
+    total = 0
+    for key, value in per_device.items():
+        name = getattr(key, "value", key)
+        if name == "Total":
+            total = int(value)
+            continue
+        at_peak[TRACKER_CATEGORIES.get(str(name), "other")] += int(value)
+    return TracedMemory(total or sum(at_peak.values()), at_peak, str(dev))

@@ -1,0 +1,127 @@
+"""Closed-form memory formulas against published figures, each with its source."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudiag.analysis import memory_estimate as me
+from gpudiag.errors import GpuDiagError
+
+GB = 1e9
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter() -> None:
+    # ZeRO paper (arXiv:1910.02054) section 3.1: 2 + 2 + K with K = 12 for mixed-precision Adam.
+    bpp = me.bytes_per_parameter("bf16", "adam")
+    assert (bpp.weights, bpp.gradients, bpp.optimizer_state) == (2, 2, 12)
+    assert bpp.total == 16
+    assert me.bytes_per_parameter("fp32", "adamw").total == 16  # 4 + 4 + 8
+    assert me.bytes_per_parameter("fp32", "sgd_momentum").total == 12
+    assert me.bytes_per_parameter("bf16", training=False).total == 2
+
+
+def test_zero_stages_match_figure_1_of_the_paper() -> None:
+    # ZeRO Figure 1: 7.5 B parameters, N_d = 64: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU.
+    n = 7.5e9
+    states = {
+        "parameters": int(2 * n),
+        "gradients": int(2 * n),
+        "optimizer_state": int(12 * n),
+    }
+    expected = {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}
+    for stage, gb in expected.items():
+        par = me.Parallelism(dp=64, zero=stage)
+        sharded, _ = me.shard_model_states(states, par)
+        assert sum(sharded.values()) / GB == pytest.approx(gb, abs=0.05)
+
+
+def test_llama2_7b_kv_cache_is_about_2_gb() -> None:
+    # NVIDIA, "Mastering LLM Techniques: Inference Optimization" (2023): Llama 2 7B, batch 1,
+    # 4096 tokens, fp16: 1 * 4096 * 2 * 32 * 4096 * 2 bytes, about 2 GB.
+    cfg = me.TransformerConfig(layers=32, hidden=4096, heads=32, vocab_size=32000, seq_len=4096)
+    assert me.kv_cache_bytes(cfg, 1, 4096, element_bytes=2) == 1 * 4096 * 2 * 32 * 4096 * 2
+    grouped = me.TransformerConfig(layers=32, hidden=4096, heads=32, kv_heads=8)
+    assert me.kv_cache_bytes(grouped, 1, 4096) * 4 == me.kv_cache_bytes(cfg, 1, 4096)
+
+
+def test_activation_formula_is_the_papers() -> None:
+    # Korthikanti et al. 2022, eq. (1)-(3): sbh(34 + 5as/h); TP: sbh(10 + 24/t + 5as/(ht));
+    # TP + SP: sbh(34/t + 5as/(ht)) (16-bit activations, dropout).
+    cfg = me.TransformerConfig(layers=1, hidden=1024, heads=16)
+    s, b, h, a = 2048, 4, 1024, 16
+    one = me.activation_bytes_per_layer(cfg, b, s)
+    assert one == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    for t in (2, 4, 8):
+        tp = me.activation_bytes_per_layer(cfg, b, s, tp=t)
+        assert tp == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+        sp = me.activation_bytes_per_layer(cfg, b, s, tp=t, sequence_parallel=True)
+        assert sp == pytest.approx(s * b * h * (34 / t + 5 * a * s / (h * t)))
+    flash = me.activation_bytes_per_layer(cfg, b, s, flash_attention=True, dropout=False)
+    assert flash == pytest.approx(s * b * h * 32)
+
+
+def test_llama2_7b_from_its_hugging_face_config() -> None:
+    config = {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "intermediate_size": 11008,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+    cfg = me.TransformerConfig.from_mapping(config)
+    # Meta's published size: 6.74 B parameters (Llama 2 paper, Table 1 rounds it to 7B).
+    assert cfg.parameter_count() / 1e9 == pytest.approx(6.74, abs=0.01)
+    est = me.estimate_transformer(config, batch_size=1, seq_len=4096, precision="bf16")
+    assert est.breakdown["parameters"] + est.breakdown["gradients"] + est.breakdown[
+        "optimizer_state"
+    ] == pytest.approx(16 * cfg.parameter_count(), rel=1e-6)
+    assert est.peak_bytes == sum(est.breakdown.values())
+    fsdp = me.estimate_transformer(config, seq_len=4096, parallelism="fsdp:8")
+    assert fsdp.breakdown["optimizer_state"] == pytest.approx(
+        est.breakdown["optimizer_state"] / 8, rel=1e-6
+    )
+    assert fsdp.breakdown["activations"] == est.breakdown["activations"]
+    ckpt = me.estimate_transformer(config, seq_len=4096, checkpointing=True)
+    assert ckpt.breakdown["activations"] < est.breakdown["activations"] / 4
+    gen = me.estimate_transformer(config, seq_len=4096, training=False, precision="fp16")
+    assert gen.breakdown["kv_cache"] == 2 * 32 * 32 * 128 * 4096 * 2
+    assert gen.breakdown["gradients"] == gen.breakdown["optimizer_state"] == 0
+    assert est.at_batch(2) > est.peak_bytes
+    assert est.largest_batch(est.at_batch(3)) == 3
+
+
+def test_parallelism_parsing_and_errors() -> None:
+    p = me.Parallelism.parse("zero2:8, tp:2, pp:4, sp")
+    assert (p.dp, p.zero, p.tp, p.pp, p.sequence_parallel, p.gpus) == (8, 2, 2, 4, True, 64)
+    assert me.Parallelism.parse({"dp": 4}).describe() == "DDP x4"
+    assert me.Parallelism.parse(None).gpus == 1
+    for bad in ("mesh:2", "fsdp:x", {"ranks": 2}, 3.5):
+        with pytest.raises(GpuDiagError):
+            me.Parallelism.parse(bad)
+    with pytest.raises(GpuDiagError):
+        me.Parallelism(dp=0)
+    with pytest.raises(GpuDiagError, match="precision"):
+        me.bytes_per_parameter("int3")
+    with pytest.raises(GpuDiagError, match="num_hidden_layers"):
+        me.TransformerConfig.from_mapping({"hidden_size": 8})
+    with pytest.raises(GpuDiagError):
+        me.estimate_transformer({"n_layer": 2, "n_embd": 64, "n_head": 4}, batch_size=0)
+
+
+def test_estimate_report_is_escaped_and_json_safe() -> None:
+    import json
+
+    est = me.estimate_transformer(
+        {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100}, name="<b>gpt</b>"
+    )
+    html = est._repr_html_()
+    assert "<b>gpt</b>" not in html
+    assert "&lt;b&gt;gpt&lt;/b&gt;" in html
+    data = json.loads(json.dumps(est.to_dict()))
+    assert data["peak_bytes"] == est.peak_bytes
+    assert data["route"] == "formula"
+    assert "peak" in repr(est)
+    assert "activations" in repr(est)

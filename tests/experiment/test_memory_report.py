@@ -1,0 +1,46 @@
+"""gd.memory: a measured step by category beside the estimate; the user's state untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import gpudiag as gd
+from gpudiag import workloads
+from gpudiag.errors import GpuDiagError
+from gpudiag.experiment.trial import TrialSnapshot
+
+
+def test_memory_report_measures_on_a_copy_and_explains_the_estimate() -> None:
+    wl = workloads.get("gpt", seq_len=128, batch_size=2, d_model=64)
+    opt = torch.optim.AdamW(wl.model.parameters())
+    snap = TrialSnapshot.capture(wl.model, opt)
+    report = gd.memory(wl)
+    assert snap.differences() == []
+    assert isinstance(report, gd.MemoryReport)
+    assert report.estimate is not None
+    assert report.peak_bytes == report.timeline.peak_bytes > 0
+    assert report.estimate.peak_bytes == pytest.approx(report.peak_bytes, rel=0.05)
+    text = report.explain_difference()
+    assert text[0].startswith("measured")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["at_peak"]["parameters"] == sum(p.numel() * 4 for p in wl.model.parameters())
+    html = gd.MemoryReport("<b>wl</b>", report.timeline)._repr_html_()
+    assert "<b>wl</b>" not in html
+    assert "&lt;b&gt;wl&lt;/b&gt;" in html
+    fig = report.plot()
+    assert {t.name for t in fig.data} >= {"parameters", "activations", "optimizer state"}
+
+
+def test_memory_with_fixes_and_bad_input() -> None:
+    wl = workloads.get("gpt", seq_len=128, batch_size=4, d_model=64)
+    base = gd.memory(wl, estimate=False)
+    ckpt = gd.memory(wl, fixes=["activation.checkpointing"], estimate=False)
+    assert ckpt.peak_bytes < base.peak_bytes
+    assert ckpt.fixes == ("activation.checkpointing",)
+    with pytest.raises(GpuDiagError, match="Workload"):
+        gd.memory(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(GpuDiagError, match="step function"):
+        gd.memory(gd.Workload.from_step(lambda: None, model=wl.model))
