@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gpudiag-installed
 
-.PHONY: demo test lint typecheck unit venv bench gpu-check clean
+.PHONY: demo test lint typecheck unit venv bench gpu-check notebooks clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory typecheck || status=1; \
 	$(MAKE) --no-print-directory unit || status=1; \
 	exit $$status
+
+# Re-executes the notebooks and stores them with their outputs (commit the result).
+notebooks: $(STAMP)
+	$(PY) notebooks/store_outputs.py
 
 bench: $(STAMP)
 	@for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
