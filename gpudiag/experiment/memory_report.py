@@ -359,9 +359,13 @@ def memory(
             None,
         )
         ckpt = any(f.id == "activation.checkpointing" for f in chosen)
+        micro = next((f.params.get("micro_batch") for f in chosen if f.id == "batch.size"), None)
         try:
             est = estimate_memory(
-                workload, batch_size=batch_size, precision=precision, checkpointing=ckpt or None
+                workload,
+                batch_size=micro or batch_size,
+                precision=precision,
+                checkpointing=ckpt or None,
             )
         except Exception as exc:  # the estimate is a comparison; the measurement stands alone
             notes.append(f"no estimate: {exc}")

@@ -300,6 +300,31 @@ _KernelScratch = _kernel_scratch_mode
 
 
 @contextmanager
+def repeated_roots_allowed(tracker: Any) -> Iterator[None]:
+    """Let a tracked step call its model more than once (gradient accumulation).
+
+    MemTracker refuses a second top-level call of a module it has seen ("multiple iterative
+    calls") unless its per-module statistics are reset; gpudiag reads only the device-wide
+    peak, which a reset keeps. A global forward pre-hook, registered before the tracker's own,
+    resets them at each repeated top-level call. Enter this before the tracker.
+    """
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def reset(module: Any, args: Any) -> None:
+        mods = getattr(tracker, "_mod_tracker", None)
+        if mods is None or module not in tracker.memory_tracking or mods.is_bw:
+            return
+        if set(mods.parents) <= {"Global"}:
+            tracker.reset_mod_stats()
+
+    handle = register_module_forward_pre_hook(reset)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def fake_tensors() -> Iterator[Any]:
     """A FakeTensorMode in which real inputs are turned fake on first use."""
     try:
@@ -339,7 +364,7 @@ def traced_step_memory(
         ) from None
     tracker = MemTracker()
     tracker.track_external(*track)
-    with tracker, _KernelScratch():
+    with repeated_roots_allowed(tracker), tracker, _KernelScratch():
         step()
     snapshot = tracker.get_tracker_snapshot("peak")
     dev = torch.device(device)
