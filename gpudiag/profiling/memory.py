@@ -270,9 +270,10 @@ def _kernel_scratch_mode() -> Any:
         """Adds the buffers a CPU kernel allocates for itself, which fake tensors never see.
 
         Measured with the profiler on torch 2.13 (CPU, oneDNN): ``aten::convolution_backward``
-        asked for the input's gradient clones an input-sized buffer (``aten::contiguous`` ->
-        ``aten::clone`` inside it), and ``aten::native_batch_norm_backward`` allocates an
-        input-sized buffer besides its outputs; both are freed before the operator returns.
+        asked for the input's gradient holds two input-sized buffers besides its outputs (a
+        clone through ``aten::contiguous`` and one allocated by the kernel itself, no aten op),
+        and ``aten::native_batch_norm_backward`` one input-sized buffer; all are freed before
+        the operator returns.
         The same buffers are made here, through the tracker, so they count as temporaries
         while the operator runs.
         """
@@ -280,14 +281,13 @@ def _kernel_scratch_mode() -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             import torch
 
-            scratch = None
+            scratch = []
             aten = torch.ops.aten
             on_cpu = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].is_cpu
-            if on_cpu and (
-                (func is aten.convolution_backward.default and args[-1] and args[-1][0])
-                or func is aten.native_batch_norm_backward.default
-            ):
-                scratch = torch.empty_like(args[1])
+            if on_cpu and func is aten.convolution_backward.default and args[-1] and args[-1][0]:
+                scratch = [torch.empty_like(args[1]), torch.empty_like(args[1])]
+            elif on_cpu and func is aten.native_batch_norm_backward.default:
+                scratch = [torch.empty_like(args[1])]
             try:
                 return func(*args, **(kwargs or {}))
             finally:
