@@ -9,6 +9,7 @@ warm-up step creates the optimizer state; the second step is measured, as in tra
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,30 @@ def capped_peak(
             arm.close()
 
 
+def other_processes(
+    system: Any, cuda_index: int | None = None, own_pid: int | None = None
+) -> tuple[dict[str, Any], ...]:
+    """Processes other than this one on the GPU (NVML, or a recording): pid, name, bytes
+    (None when the driver does not say). ``cuda_index`` None: every GPU of the report."""
+    own = os.getpid() if own_pid is None else own_pid
+    out = []
+    for gpu in getattr(system, "gpus", ()) or ():
+        if cuda_index is not None and gpu.info.cuda_index != cuda_index:
+            continue
+        for proc in gpu.state.processes.get(None) or ():
+            if proc.pid != own:
+                used = proc.used_memory_bytes.get(None)
+                out.append(
+                    {
+                        "gpu": gpu.info.index,
+                        "pid": proc.pid,
+                        "name": proc.name,
+                        "used_bytes": None if used is None else int(used),
+                    }
+                )
+    return tuple(out)
+
+
 def _tensors(batch: Any) -> list[Any]:
     import torch
 
@@ -180,6 +205,7 @@ class MemoryReport:
     notes: tuple[str, ...] = ()
     oom: OutOfMemory | None = None
     budget_bytes: int | None = None
+    other_processes: tuple[dict[str, Any], ...] = ()  # GPU: NVML, processes other than this
 
     @property
     def peak_bytes(self) -> int:
@@ -254,6 +280,7 @@ class MemoryReport:
                 "notes": list(self.notes),
                 "oom": self.oom,
                 "budget_bytes": self.budget_bytes,
+                "other_processes": list(self.other_processes),
             }
         )
 
@@ -281,6 +308,9 @@ class MemoryReport:
             lines += [f"  {line}" for line in self.oom.explain()]
         lines += [f"  {c:<16} {m:>12}  {e:>12}" for c, m, e in self._rows()]
         lines += [f"  {s}" for s in self.explain_difference()]
+        for p in self.other_processes:
+            used = format_bytes(p["used_bytes"]) if p["used_bytes"] is not None else "N/A"
+            lines.append(f"  other process on GPU {p['gpu']}: pid {p['pid']} {p['name']} ({used})")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -317,12 +347,15 @@ def memory(
     fixes: Any = (),
     estimate: bool = True,
     budget: Any = None,
+    system: Any = None,
 ) -> MemoryReport:
     """Measure one training step's memory by category (real run on a copy), beside the
     traced estimate. ``fixes``: fix ids or ``gd.Fix`` objects to measure with (bf16,
     checkpointing, batch.size). ``budget`` (bytes or "512MiB"): a memory cap for the step;
     past it the step stops with an out-of-memory that the report explains (on a GPU a real
     CUDA out-of-memory is explained the same way). Either way the user's state is restored.
+    On a GPU the allocator's counters (``torch.cuda.memory_stats``) and the other processes on
+    the device (NVML, through ``system`` or a fresh ``gd.inspect()``) are added.
     """
     from gpudiag.experiment.estimate import estimate_memory
 
@@ -347,9 +380,16 @@ def memory(
             raise
         oom = cuda_oom(exc, budget_bytes)
     allocator: dict[str, Any] = {}
+    others: tuple[dict[str, Any], ...] = ()
     stats = allocator_stats()
     if stats is not None:
         allocator = jsonable(stats)
+    if workload.device_type == "cuda":
+        if system is None:
+            from gpudiag.probe.system import inspect
+
+            system = inspect()
+        others = other_processes(system, workload.device.index or 0)
     elif workload.device_type == "cpu":
         notes.append("CPU: no caching allocator counters (torch.cuda.memory_stats is CUDA only)")
     est = None
@@ -359,9 +399,13 @@ def memory(
             None,
         )
         ckpt = any(f.id == "activation.checkpointing" for f in chosen)
+        micro = next((f.params.get("micro_batch") for f in chosen if f.id == "batch.size"), None)
         try:
             est = estimate_memory(
-                workload, batch_size=batch_size, precision=precision, checkpointing=ckpt or None
+                workload,
+                batch_size=micro or batch_size,
+                precision=precision,
+                checkpointing=ckpt or None,
             )
         except Exception as exc:  # the estimate is a comparison; the measurement stands alone
             notes.append(f"no estimate: {exc}")
@@ -375,4 +419,5 @@ def memory(
         notes=tuple(notes),
         oom=oom,
         budget_bytes=budget_bytes,
+        other_processes=others,
     )

@@ -270,9 +270,10 @@ def _kernel_scratch_mode() -> Any:
         """Adds the buffers a CPU kernel allocates for itself, which fake tensors never see.
 
         Measured with the profiler on torch 2.13 (CPU, oneDNN): ``aten::convolution_backward``
-        asked for the input's gradient clones an input-sized buffer (``aten::contiguous`` ->
-        ``aten::clone`` inside it), and ``aten::native_batch_norm_backward`` allocates an
-        input-sized buffer besides its outputs; both are freed before the operator returns.
+        asked for the input's gradient holds two input-sized buffers besides its outputs (a
+        clone through ``aten::contiguous`` and one allocated by the kernel itself, no aten op),
+        and ``aten::native_batch_norm_backward`` one input-sized buffer; all are freed before
+        the operator returns.
         The same buffers are made here, through the tracker, so they count as temporaries
         while the operator runs.
         """
@@ -280,14 +281,13 @@ def _kernel_scratch_mode() -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             import torch
 
-            scratch = None
+            scratch = []
             aten = torch.ops.aten
             on_cpu = len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].is_cpu
-            if on_cpu and (
-                (func is aten.convolution_backward.default and args[-1] and args[-1][0])
-                or func is aten.native_batch_norm_backward.default
-            ):
-                scratch = torch.empty_like(args[1])
+            if on_cpu and func is aten.convolution_backward.default and args[-1] and args[-1][0]:
+                scratch = [torch.empty_like(args[1]), torch.empty_like(args[1])]
+            elif on_cpu and func is aten.native_batch_norm_backward.default:
+                scratch = [torch.empty_like(args[1])]
             try:
                 return func(*args, **(kwargs or {}))
             finally:
@@ -297,6 +297,31 @@ def _kernel_scratch_mode() -> Any:
 
 
 _KernelScratch = _kernel_scratch_mode
+
+
+@contextmanager
+def repeated_roots_allowed(tracker: Any) -> Iterator[None]:
+    """Let a tracked step call its model more than once (gradient accumulation).
+
+    MemTracker refuses a second top-level call of a module it has seen ("multiple iterative
+    calls") unless its per-module statistics are reset; gpudiag reads only the device-wide
+    peak, which a reset keeps. A global forward pre-hook, registered before the tracker's own,
+    resets them at each repeated top-level call. Enter this before the tracker.
+    """
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    def reset(module: Any, args: Any) -> None:
+        mods = getattr(tracker, "_mod_tracker", None)
+        if mods is None or module not in tracker.memory_tracking or mods.is_bw:
+            return
+        if set(mods.parents) <= {"Global"}:
+            tracker.reset_mod_stats()
+
+    handle = register_module_forward_pre_hook(reset)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
@@ -339,7 +364,7 @@ def traced_step_memory(
         ) from None
     tracker = MemTracker()
     tracker.track_external(*track)
-    with tracker, _KernelScratch():
+    with repeated_roots_allowed(tracker), tracker, _KernelScratch():
         step()
     snapshot = tracker.get_tracker_snapshot("peak")
     dev = torch.device(device)

@@ -22,7 +22,11 @@ from typing import Any
 from gpudiag._report import jsonable
 from gpudiag.analysis.memory_estimate import CATEGORIES, format_bytes
 from gpudiag.errors import GpuDiagError
-from gpudiag.profiling.memory import TRACKER_CATEGORIES, MemoryMeasurementError
+from gpudiag.profiling.memory import (
+    TRACKER_CATEGORIES,
+    MemoryMeasurementError,
+    repeated_roots_allowed,
+)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,9 @@ class MemoryBudget:
                     )
                 return out
 
+        allow = repeated_roots_allowed(tracker)
+        allow.__enter__()
+        self._stack.append(allow)
         tracker.__enter__()
         self._stack.append(tracker)
         holder["start"] = _by_category(tracker.get_tracker_snapshot("current"))

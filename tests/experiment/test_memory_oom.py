@@ -59,6 +59,15 @@ def test_a_budget_that_fits_measures_normally() -> None:
     assert report.peak_bytes > 0
 
 
+def test_accumulation_calls_the_model_more_than_once_under_the_tracker() -> None:
+    wl = workloads.get("gpt", seq_len=128, batch_size=4, d_model=64)
+    report = gd.memory(wl, fixes=["batch.size:micro_batch=2,accumulation=2"], budget="1GiB")
+    assert report.oom is None
+    assert report.estimate is not None
+    assert report.estimate.batch_size == 2  # estimated at the micro-batch
+    assert report.estimate.peak_bytes == pytest.approx(report.peak_bytes, rel=0.1)
+
+
 def test_budget_parsing() -> None:
     assert mr.parse_budget("512MiB") == 512 * MIB
     assert mr.parse_budget("2 GB") == 2_000_000_000

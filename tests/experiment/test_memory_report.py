@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import gpudiag as gd
 from gpudiag import workloads
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.trial import TrialSnapshot
+from gpudiag.profiling.memory import MemoryTimeline
 
 
 def test_memory_report_measures_on_a_copy_and_explains_the_estimate() -> None:
@@ -44,3 +47,16 @@ def test_memory_with_fixes_and_bad_input() -> None:
         gd.memory(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(GpuDiagError, match="step function"):
         gd.memory(gd.Workload.from_step(lambda: None, model=wl.model))
+
+
+def test_other_processes_from_a_recorded_machine(fixtures_dir: Any) -> None:
+    from gpudiag.experiment.memory_report import other_processes
+    from gpudiag.probe.system import inspect
+
+    system = inspect(replay=fixtures_dir / "nvidia-smi-xml" / "a10g.xml")
+    found = other_processes(system)
+    assert {"gpu": 0, "pid": 725, "name": "/usr/lib/xorg/Xorg", "used_bytes": 22 * 2**20} in found
+    assert other_processes(system, own_pid=725) == tuple(p for p in found if p["pid"] != 725)
+    report = gd.MemoryReport("wl", MemoryTimeline((), ()))
+    with_others = dataclasses.replace(report, other_processes=found)
+    assert "pid 725" in repr(with_others)
