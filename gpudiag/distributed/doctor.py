@@ -172,9 +172,11 @@ def profile_one_step(workload: Any, top: int = 5) -> list[tuple[str, float]]:
     """The ops with the most self time in one training step (torch.profiler), in ms."""
     from torch.profiler import ProfilerActivity, profile
 
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
     on_gpu = str(workload.device).startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
+    with quiet_profiler_stderr(), profile(activities=activities) as prof:
         time_local_steps(workload, 1, warmup=0)
     key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
     rows = sorted(prof.key_averages(), key=lambda e: -float(getattr(e, key, 0.0)))

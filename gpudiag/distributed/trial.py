@@ -114,7 +114,12 @@ def _memory_events(fn: Callable[[], Any]) -> list[MemoryEvent]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
+    with (
+        quiet_profiler_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
         fn()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)

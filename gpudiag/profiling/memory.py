@@ -224,12 +224,17 @@ def measure_step_timeline(step: Callable[[], Any], *, device: str = "cpu") -> Me
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    with profile(
-        activities=activities, profile_memory=True, record_shapes=True, with_stack=True
-    ) as prof:
+    with (
+        quiet_profiler_stderr(),
+        profile(
+            activities=activities, profile_memory=True, record_shapes=True, with_stack=True
+        ) as prof,
+    ):
         step()
     try:
         from torch.profiler._memory_profiler import MemoryProfileTimeline

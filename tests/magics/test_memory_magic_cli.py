@@ -75,6 +75,7 @@ def test_cell_magic_explains_an_oom_and_restores_the_cell_state(ipython_shell: A
     )
     opt = torch.optim.Adam(model.parameters())
     ip.user_ns.update(model=model, opt=opt, x=torch.randn(512, 256))
+    ip.user_ns.pop("loss", None)  # the shell is shared with other magic tests
     snap = TrialSnapshot.capture(model, opt)
     cell = "loss = model(x).square().mean()\nloss.backward()\nopt.step()\nopt.zero_grad()"
     report = ip.run_cell_magic("gpudiag", "memory --budget 3MiB", cell)
