@@ -9,9 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
-
-__version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {

@@ -36,7 +36,7 @@ def _load(name: str) -> ModuleType | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpudiag import __version__
+    from gpudiag._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="gpudiag",
