@@ -38,6 +38,21 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Recipe": ("gpudiag.recipe", "Recipe"),
     "diagnose": ("gpudiag.rules", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
+    # Every error a user can cause (gpudiag.errors), as gd.<Name>Error.
+    "ArgumentError": ("gpudiag.errors", "ArgumentError"),
+    "FixConflictError": ("gpudiag.errors", "FixConflictError"),
+    "FixError": ("gpudiag.errors", "FixError"),
+    "OccupancyInputError": ("gpudiag.errors", "OccupancyInputError"),
+    "ProbeError": ("gpudiag.errors", "ProbeError"),
+    "PrometheusParseError": ("gpudiag.errors", "PrometheusParseError"),
+    "RecipeError": ("gpudiag.errors", "RecipeError"),
+    "ReplayError": ("gpudiag.errors", "ReplayError"),
+    "SpecsError": ("gpudiag.errors", "SpecsError"),
+    "TraceError": ("gpudiag.errors", "TraceError"),
+    "TrialStateError": ("gpudiag.errors", "TrialStateError"),
+    "UnknownComputeCapabilityError": ("gpudiag.errors", "UnknownComputeCapabilityError"),
+    "UnsupportedFixError": ("gpudiag.errors", "UnsupportedFixError"),
+    "WorkloadError": ("gpudiag.errors", "WorkloadError"),
 }
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
@@ -102,6 +117,20 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.roofline import roofline as roofline
     from gpudiag.analysis.trace import TraceReport as TraceReport
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
+    from gpudiag.errors import ArgumentError as ArgumentError
+    from gpudiag.errors import FixConflictError as FixConflictError
+    from gpudiag.errors import FixError as FixError
+    from gpudiag.errors import OccupancyInputError as OccupancyInputError
+    from gpudiag.errors import ProbeError as ProbeError
+    from gpudiag.errors import PrometheusParseError as PrometheusParseError
+    from gpudiag.errors import RecipeError as RecipeError
+    from gpudiag.errors import ReplayError as ReplayError
+    from gpudiag.errors import SpecsError as SpecsError
+    from gpudiag.errors import TraceError as TraceError
+    from gpudiag.errors import TrialStateError as TrialStateError
+    from gpudiag.errors import UnknownComputeCapabilityError as UnknownComputeCapabilityError
+    from gpudiag.errors import UnsupportedFixError as UnsupportedFixError
+    from gpudiag.errors import WorkloadError as WorkloadError
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
     from gpudiag.experiment.workload import Workload as Workload

@@ -11,7 +11,7 @@ from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
 
 KINDS: tuple[str, ...] = ("copy", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
@@ -35,7 +35,7 @@ def pcie_bandwidth_gbps(gen: int, width: int) -> float:
     """Theoretical one-direction PCIe bandwidth in GB/s (1e9 bytes/s) of a link, before
     packet overheads (real copies reach about 80-90 % of it)."""
     if gen not in _PCIE_LANE or width < 1:
-        raise ValueError(f"unknown PCIe link gen {gen} x{width}")
+        raise ArgumentError(f"unknown PCIe link gen {gen} x{width}")
     rate, efficiency = _PCIE_LANE[gen]
     return rate * efficiency * width / 8
 

@@ -12,16 +12,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpudiag._report import card, esc, html_table, jsonable
-from gpudiag.errors import GpuDiagError, UnsupportedFixError
+from gpudiag.errors import FixConflictError, FixError, UnsupportedFixError
 from gpudiag.fixes import _system
-
-
-class FixError(GpuDiagError, ValueError):
-    """An unknown fix id, a bad parameter, or two fixes that cannot go together."""
-
-
-class FixConflictError(FixError):
-    """Two fixes that change the same thing were asked for in one trial."""
 
 
 class FixKind(str, enum.Enum):
