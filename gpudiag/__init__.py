@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gpudiag import _views
 from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 
@@ -52,8 +53,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TrialStateError": ("gpudiag.errors", "TrialStateError"),
     "UnknownComputeCapabilityError": ("gpudiag.errors", "UnknownComputeCapabilityError"),
     "UnsupportedFixError": ("gpudiag.errors", "UnsupportedFixError"),
+    "ViewError": ("gpudiag.errors", "ViewError"),
     "WorkloadError": ("gpudiag.errors", "WorkloadError"),
 }
+
+# The presentation layer registers the figures and widgets of the results when imported; a
+# result's .plot() or .view() loads it on first use (the domain itself never imports it).
+_views.add_provider("gpudiag.plots")
+_views.add_provider("gpudiag.ui")
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
 _SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})
@@ -130,6 +137,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.errors import TrialStateError as TrialStateError
     from gpudiag.errors import UnknownComputeCapabilityError as UnknownComputeCapabilityError
     from gpudiag.errors import UnsupportedFixError as UnsupportedFixError
+    from gpudiag.errors import ViewError as ViewError
     from gpudiag.errors import WorkloadError as WorkloadError
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare

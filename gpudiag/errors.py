@@ -68,6 +68,10 @@ class RecipeError(GpuDiagError):
     """A recipe file is malformed, or names a fix or parameter gpudiag does not know."""
 
 
+class ViewError(GpuDiagError):
+    """No figure or widget is registered for a result (the presentation layer is missing)."""
+
+
 class GpuDiagWarning(UserWarning):
     """Something worth knowing that does not stop the work."""
 
@@ -88,5 +92,6 @@ __all__ = [
     "TrialStateError",
     "UnknownComputeCapabilityError",
     "UnsupportedFixError",
+    "ViewError",
     "WorkloadError",
 ]

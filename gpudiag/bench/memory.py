@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.measurement import noise_warning
@@ -156,9 +157,7 @@ class BandwidthResult:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.bench import bandwidth_figure
-
-        return bandwidth_figure(self)
+        return _views.build("figure", self)
 
     def __repr__(self) -> str:
         lines = [f"BandwidthResult on {self.device}: best GB/s per kind"]
