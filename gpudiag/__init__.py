@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("gpudiag.experiment.compare", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
     "Recipe": ("gpudiag.recipe", "Recipe"),
-    "diagnose": ("gpudiag.rules", "diagnose"),
+    "diagnose": ("gpudiag.doctor", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
     # Every error a user can cause (gpudiag.errors), as gd.<Name>Error.
     "ArgumentError": ("gpudiag.errors", "ArgumentError"),
@@ -124,6 +124,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.roofline import roofline as roofline
     from gpudiag.analysis.trace import TraceReport as TraceReport
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
+    from gpudiag.doctor import diagnose as diagnose
     from gpudiag.errors import ArgumentError as ArgumentError
     from gpudiag.errors import FixConflictError as FixConflictError
     from gpudiag.errors import FixError as FixError
@@ -153,4 +154,3 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.profiling import profile as profile
     from gpudiag.recipe import Recipe as Recipe
     from gpudiag.rules import Diagnosis as Diagnosis
-    from gpudiag.rules import diagnose as diagnose
