@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpudiag.commands import aliases_of, canonical
 from gpudiag.errors import GpuDiagError
 
 # name -> module under gpudiag.cli; each module has a one-line docstring (the help text),
@@ -49,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         if module is None:
             continue
         help_text = (module.__doc__ or name).strip().splitlines()[0]
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        public = canonical(name)  # the `diagnose` module is the `doctor` command
+        p = sub.add_parser(
+            public, aliases=list(aliases_of(public)), help=help_text, description=help_text
+        )
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser
