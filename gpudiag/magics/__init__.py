@@ -115,7 +115,7 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
 def load_ipython_extension(ipython: Any) -> None:
     from gpudiag.magics._register import register
 
-    register(ipython)
+    register(ipython, dispatch, help_text())
 
 
 def unload_ipython_extension(ipython: Any) -> None:
