@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Literal
 
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 
 
 class _Planned(FixSpec):
