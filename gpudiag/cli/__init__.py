@@ -51,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         help_text = (module.__doc__ or name).strip().splitlines()[0]
         public = canonical(name)  # the `diagnose` module is the `doctor` command
-        p = sub.add_parser(
-            public, aliases=list(aliases_of(public)), help=help_text, description=help_text
-        )
+        if public != name and public in COMMANDS:
+            public = name  # the other name has a module of its own: never two parsers per name
+        aliases = [a for a in aliases_of(public) if a == name or a not in COMMANDS]
+        p = sub.add_parser(public, aliases=aliases, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser

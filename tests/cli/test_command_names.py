@@ -41,3 +41,22 @@ def test_the_magic_takes_the_alias(ipython_shell: Any, capsys: pytest.CaptureFix
     ipython_shell.run_line_magic("gpudiag", "diagnose --help")
     out = capsys.readouterr().out
     assert "usage: %gpudiag doctor" in out
+
+
+def test_a_name_with_a_module_of_its_own_never_gets_two_parsers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import types
+
+    import gpudiag.cli as cli
+
+    doctor = types.ModuleType("gpudiag.cli.doctor")
+    doctor.__doc__ = "A doctor of its own."
+    doctor.add_arguments = lambda parser: None  # type: ignore[attr-defined]
+    doctor.run = lambda args: 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpudiag.cli.doctor", doctor)
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "doctor"))
+    lines = build_parser().format_help().splitlines()
+    assert any(line.split()[:1] == ["diagnose"] for line in lines)
+    assert any(line.split()[:2] == ["doctor", "A"] for line in lines)
