@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gpudiag import _views
+from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
-
-__version__ = "0.1.0"
 
 # public name -> (module, attribute); attribute None means the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compare": ("gpudiag.experiment.compare", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
     "Recipe": ("gpudiag.recipe", "Recipe"),
-    "diagnose": ("gpudiag.rules", "diagnose"),
+    "diagnose": ("gpudiag.doctor", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
     "estimate_memory": ("gpudiag.experiment.estimate", "estimate_memory"),
     "MemoryEstimate": ("gpudiag.analysis.memory_estimate", "MemoryEstimate"),
@@ -49,7 +49,28 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "FitResult": ("gpudiag.experiment.fit", "FitResult"),
     "plan": ("gpudiag.experiment.plan", "plan"),
     "Plan": ("gpudiag.experiment.plan", "Plan"),
+    # Every error a user can cause (gpudiag.errors), as gd.<Name>Error.
+    "ArgumentError": ("gpudiag.errors", "ArgumentError"),
+    "FixConflictError": ("gpudiag.errors", "FixConflictError"),
+    "FixError": ("gpudiag.errors", "FixError"),
+    "OccupancyInputError": ("gpudiag.errors", "OccupancyInputError"),
+    "ProbeError": ("gpudiag.errors", "ProbeError"),
+    "PrometheusParseError": ("gpudiag.errors", "PrometheusParseError"),
+    "RecipeError": ("gpudiag.errors", "RecipeError"),
+    "ReplayError": ("gpudiag.errors", "ReplayError"),
+    "SpecsError": ("gpudiag.errors", "SpecsError"),
+    "TraceError": ("gpudiag.errors", "TraceError"),
+    "TrialStateError": ("gpudiag.errors", "TrialStateError"),
+    "UnknownComputeCapabilityError": ("gpudiag.errors", "UnknownComputeCapabilityError"),
+    "UnsupportedFixError": ("gpudiag.errors", "UnsupportedFixError"),
+    "ViewError": ("gpudiag.errors", "ViewError"),
+    "WorkloadError": ("gpudiag.errors", "WorkloadError"),
 }
+
+# The presentation layer registers the figures and widgets of the results when imported; a
+# result's .plot() or .view() loads it on first use (the domain itself never imports it).
+_views.add_provider("gpudiag.plots")
+_views.add_provider("gpudiag.ui")
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
 _SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})
@@ -118,6 +139,22 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.roofline import roofline as roofline
     from gpudiag.analysis.trace import TraceReport as TraceReport
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
+    from gpudiag.doctor import diagnose as diagnose
+    from gpudiag.errors import ArgumentError as ArgumentError
+    from gpudiag.errors import FixConflictError as FixConflictError
+    from gpudiag.errors import FixError as FixError
+    from gpudiag.errors import OccupancyInputError as OccupancyInputError
+    from gpudiag.errors import ProbeError as ProbeError
+    from gpudiag.errors import PrometheusParseError as PrometheusParseError
+    from gpudiag.errors import RecipeError as RecipeError
+    from gpudiag.errors import ReplayError as ReplayError
+    from gpudiag.errors import SpecsError as SpecsError
+    from gpudiag.errors import TraceError as TraceError
+    from gpudiag.errors import TrialStateError as TrialStateError
+    from gpudiag.errors import UnknownComputeCapabilityError as UnknownComputeCapabilityError
+    from gpudiag.errors import UnsupportedFixError as UnsupportedFixError
+    from gpudiag.errors import ViewError as ViewError
+    from gpudiag.errors import WorkloadError as WorkloadError
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
     from gpudiag.experiment.estimate import estimate_memory as estimate_memory
@@ -139,4 +176,3 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.profiling import profile as profile
     from gpudiag.recipe import Recipe as Recipe
     from gpudiag.rules import Diagnosis as Diagnosis
-    from gpudiag.rules import diagnose as diagnose

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.machines import FakeClock, cpu_system
+from tests.fakes.clock import FakeClock
+from tests.fakes.machines import cpu_system
 
 REPO = Path(__file__).resolve().parents[1]
 # Recorded real-GPU data (nvidia-smi XML, traces, topology, ...), copied into the repository

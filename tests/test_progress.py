@@ -214,8 +214,8 @@ def test_a_bar_can_be_shown_inside_an_output_widget() -> None:
 
 
 def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
+    from gpudiag.doctor import diagnose
     from gpudiag.experiment.workload import Workload
-    from gpudiag.rules import diagnose
 
     events, on_progress = _recorder()
     model = torch.nn.Linear(16, 4)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.errors import GpuDiagError
 
@@ -265,9 +266,7 @@ class CollectiveResult:
 
     def plot(self, *others: CollectiveResult) -> Any:
         """Bus bandwidth vs message size, with other results (e.g. an nccl-tests log) overlaid."""
-        from gpudiag.plots.bench import collective_figure
-
-        return collective_figure([self, *others])
+        return _views.build("figure", self, *others)
 
     def _table(self) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []

@@ -34,16 +34,12 @@ from types import MappingProxyType
 from typing import Any
 
 from gpudiag._report import card, esc, html_grid, html_table
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import OccupancyInputError
 from gpudiag.specs import SmLimits, SpecsError, cc_limits, parse_compute_capability
 
 RESOURCES: tuple[str, ...] = ("warps", "registers", "shared_memory", "blocks", "barriers")
 # Named barriers a block may use (bar.sync 0..15).
 MAX_BARRIERS_PER_BLOCK = 16
-
-
-class OccupancyInputError(GpuDiagError, ValueError):
-    """An occupancy question with values no CUDA kernel can have."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.costed_ops import (
     ATTENTION_OPS,
@@ -186,9 +187,7 @@ class Roofline:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.roofline import roofline_figure
-
-        return roofline_figure(self)
+        return _views.build("figure", self)
 
     def _point_rows(self) -> list[tuple[str, ...]]:
         rows: list[tuple[str, ...]] = []

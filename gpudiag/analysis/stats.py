@@ -12,6 +12,7 @@ import numpy as np
 from gpudiag._report import jsonable
 from gpudiag.analysis.measurement import SPREAD_WARNING as SPREAD_WARNING
 from gpudiag.analysis.measurement import Measurement as Measurement
+from gpudiag.errors import ArgumentError
 
 Verdict = Literal["faster", "slower", "no significant difference"]
 FASTER: Verdict = "faster"
@@ -88,13 +89,13 @@ def speedup_ci(
             math.nan, math.nan, math.nan, confidence, "no samples", 0, b.size, c.size
         )
     if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+        raise ArgumentError(f"confidence must be between 0 and 1, got {confidence}")
     if paired is None:
         paired = b.size == c.size
     rng = np.random.default_rng(seed)
     if paired:
         if b.size != c.size:
-            raise ValueError("a paired bootstrap needs as many baseline as candidate samples")
+            raise ArgumentError("a paired bootstrap needs as many baseline as candidate samples")
         ratios = b / c
         value = float(np.median(ratios))
         idx = rng.integers(0, b.size, size=(resamples, b.size))
@@ -163,9 +164,9 @@ class AdaptiveRule:
 
     def __post_init__(self) -> None:
         if self.min_rounds < 2:
-            raise ValueError("min_rounds must be at least 2")
+            raise ArgumentError("min_rounds must be at least 2")
         if self.max_rounds < self.min_rounds:
-            raise ValueError("max_rounds must be at least min_rounds")
+            raise ArgumentError("max_rounds must be at least min_rounds")
 
     def look(self, baseline_s: Sequence[float], candidate_s: Sequence[float]) -> Look:
         est = speedup_ci(

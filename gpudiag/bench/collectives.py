@@ -247,9 +247,8 @@ def run_collective(
 
 
 def _package_root() -> str:
-    import gpudiag
-
-    return str(Path(gpudiag.__file__).resolve().parents[1])
+    # gpudiag/bench/collectives.py -> the folder that holds the gpudiag package
+    return str(Path(__file__).resolve().parents[2])
 
 
 def allreduce(

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.measurement import noise_warning
@@ -146,9 +147,7 @@ class MatmulResult:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.bench import matmul_figure
-
-        return matmul_figure(self)
+        return _views.build("figure", self)
 
     def summary_rows(self) -> list[tuple[str, str, str, str]]:
         out = []

@@ -6,12 +6,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
 
 KINDS: tuple[str, ...] = ("copy", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
@@ -35,7 +36,7 @@ def pcie_bandwidth_gbps(gen: int, width: int) -> float:
     """Theoretical one-direction PCIe bandwidth in GB/s (1e9 bytes/s) of a link, before
     packet overheads (real copies reach about 80-90 % of it)."""
     if gen not in _PCIE_LANE or width < 1:
-        raise ValueError(f"unknown PCIe link gen {gen} x{width}")
+        raise ArgumentError(f"unknown PCIe link gen {gen} x{width}")
     rate, efficiency = _PCIE_LANE[gen]
     return rate * efficiency * width / 8
 
@@ -156,9 +157,7 @@ class BandwidthResult:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.bench import bandwidth_figure
-
-        return bandwidth_figure(self)
+        return _views.build("figure", self)
 
     def __repr__(self) -> str:
         lines = [f"BandwidthResult on {self.device}: best GB/s per kind"]

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.measurement import noise_warning
@@ -154,9 +155,7 @@ class AttentionResult:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.bench import attention_figure
-
-        return attention_figure(self)
+        return _views.build("figure", self)
 
     def _table(self) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []

@@ -13,6 +13,7 @@ from gpudiag.analysis.measurement import SPREAD_WARNING as SPREAD_WARNING
 from gpudiag.analysis.measurement import Measurement as BaseMeasurement
 from gpudiag.analysis.measurement import _fmt_time as _fmt_s
 from gpudiag.analysis.measurement import quartiles as quartiles
+from gpudiag.errors import ArgumentError
 
 Clock = Callable[[], float]
 # A timer is a context-manager factory: on exit it appends the elapsed seconds to the list it
@@ -107,7 +108,7 @@ def measure(
     time with device events.
     """
     if repeats < 1 or warmup < 0 or (number is not None and number < 1):
-        raise ValueError("repeats and number must be >= 1 and warmup >= 0")
+        raise ArgumentError("repeats and number must be >= 1 and warmup >= 0")
     timed = timer if timer is not None else host_timer(clock, sync)
     started = clock()
     for _ in range(warmup):
@@ -146,7 +147,7 @@ class Rotation(Generic[T]):
 
     def __init__(self, items: Sequence[T]) -> None:
         if not items:
-            raise ValueError("a rotation needs at least one item")
+            raise ArgumentError("a rotation needs at least one item")
         self.items = tuple(items)
         self._next = 0
 

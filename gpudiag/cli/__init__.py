@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpudiag.commands import aliases_of, canonical
 from gpudiag.errors import GpuDiagError
 
 # name -> module under gpudiag.cli; each module has a one-line docstring (the help text),
@@ -41,7 +42,7 @@ def _load(name: str) -> ModuleType | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpudiag import __version__
+    from gpudiag._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="gpudiag",
@@ -54,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         if module is None:
             continue
         help_text = (module.__doc__ or name).strip().splitlines()[0]
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        public = canonical(name)  # the `diagnose` module is the `doctor` command
+        if public != name and public in COMMANDS:
+            public = name  # the other name has a module of its own: never two parsers per name
+        aliases = [a for a in aliases_of(public) if a == name or a not in COMMANDS]
+        p = sub.add_parser(public, aliases=aliases, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser

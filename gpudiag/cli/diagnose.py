@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpudiag.doctor import diagnose
     from gpudiag.probe.system import inspect
-    from gpudiag.rules import diagnose
 
     trace = None
     if args.trace:

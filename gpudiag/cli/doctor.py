@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from gpudiag.cli.bench import byte_size
+from gpudiag.commands.bench import byte_size
 from gpudiag.errors import GpuDiagError
 
 # The demo GPT at a sequence length that steps in well under a second on a laptop CPU.

@@ -13,7 +13,7 @@ import copy
 import json
 from typing import Any
 
-from gpudiag.cli.compare import parse_overrides
+from gpudiag.commands.compare import parse_overrides
 from gpudiag.errors import GpuDiagError
 
 

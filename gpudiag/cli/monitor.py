@@ -118,7 +118,7 @@ def samples_json(m: Monitor) -> dict[str, Any]:
 
 
 def _devices(text: str | None) -> list[int | str] | None:
-    from gpudiag.magics.monitor import parse_devices
+    from gpudiag.commands.devices import parse_devices
 
     return parse_devices(text)
 

@@ -130,13 +130,13 @@ def _trace(name: str, device: str, size: dict[str, Any]) -> Callable[[Path], str
 
 
 def _provenance(report: Any, argv: list[str]) -> dict[str, Any]:
-    import gpudiag
+    from gpudiag._version import __version__
 
     host, torch_info = report.host, report.host.torch
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["gpudiag", "record", *argv]),
-        "gpudiag": gpudiag.__version__,
+        "gpudiag": __version__,
         "has_gpu": report.has_gpu,
         "gpus": [g.name for g in report.gpus],
         "no_gpu_reason": report.no_gpu_reason,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._progress import ProgressFn, closed_on_error, finish, report, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.stats import (
@@ -212,9 +213,7 @@ class Comparison:
         return Recipe.from_comparison(self, arms)
 
     def plot(self) -> Any:
-        from gpudiag.plots.compare import comparison_figure
-
-        return comparison_figure(self)
+        return _views.build("figure", self)
 
     # -- presentation -----------------------------------------------------------------------
     def rows(self) -> list[list[str]]:

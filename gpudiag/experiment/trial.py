@@ -20,13 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag.errors import GpuDiagError, GpuDiagWarning
+from gpudiag.errors import GpuDiagError, GpuDiagWarning, TrialStateError
 from gpudiag.probe import cuda
-
-
-class TrialStateError(GpuDiagError):
-    """After a trial the user's state differs from the snapshot (a gpudiag bug: please report)."""
-
 
 _UNREADABLE = object()
 

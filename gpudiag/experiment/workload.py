@@ -7,11 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpudiag._report import card, html_table, jsonable
-from gpudiag.errors import GpuDiagError
-
-
-class WorkloadError(GpuDiagError, ValueError):
-    """A workload was described in a way gpudiag cannot run."""
+from gpudiag.errors import WorkloadError
 
 
 def move_to(batch: Any, device: Any) -> Any:

@@ -17,7 +17,7 @@ from pydantic import field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 
 Backend = Literal["sdpa", "flash", "efficient", "cudnn", "math", "flash_attn", "te", "eager"]
 

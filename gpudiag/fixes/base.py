@@ -1,168 +1,28 @@
-"""The Fix protocol: stable fix ids, typed parameters, support checks, apply and revert."""
+"""Fixes with their parameters: look-up by id, conflicts, apply and revert (the spec protocol
+and the registry are in gpudiag.fixes.spec)."""
 
 from __future__ import annotations
 
-import enum
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 from gpudiag._report import card, esc, html_table, jsonable
-from gpudiag.errors import GpuDiagError, UnsupportedFixError
+from gpudiag.errors import FixConflictError, FixError, UnsupportedFixError
 from gpudiag.fixes import _system
-
-
-class FixError(GpuDiagError, ValueError):
-    """An unknown fix id, a bad parameter, or two fixes that cannot go together."""
-
-
-class FixConflictError(FixError):
-    """Two fixes that change the same thing were asked for in one trial."""
-
-
-class FixKind(str, enum.Enum):
-    """How a fix reaches the code it changes; each fix id has one kind, part of its contract."""
-
-    AMBIENT = "ambient"  # switches and context managers around any code, a notebook cell included
-    STRUCTURAL = "structural"  # transforms a copy of the model / optimizer / dataloader in a trial
-    ENVIRONMENT = "environment"  # environment variables: needs a new process, exported not applied
-    ADVICE = "advice"  # a change to the user's code that gpudiag can only describe
-
-
-class FixParams(BaseModel):
-    """Parameters of one fix: unknown names are rejected, values are typed and immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass
-class FixTarget:
-    """What the fixes of one trial (or one applied recipe) change.
-
-    ``model`` is the trial's own copy (or the user's model when a recipe is applied); a fix may
-    replace it with a wrapper (``torch.compile``). ``autocast_dtype`` and ``scaler`` are set by
-    the precision fixes and honoured by whoever runs the step: gpudiag's own step puts the
-    forward and loss under autocast and scales the loss; a plain step function runs entirely
-    under autocast; an applied recipe wraps ``model.forward``.
-    """
-
-    model: Any = None
-    optimizer: Any = None
-    step_fn: Callable[[], Any] | None = None
-    owns_step: bool = False  # gpudiag runs forward / loss / backward / optimizer itself
-    device_type: str = "cpu"
-    autocast_dtype: Any = None
-    scaler: Any = None
-    system: Any = None
-    notes: list[str] = field(default_factory=list)
-    # The batch gpudiag's own step feeds (set by the trial; the batch fixes change them).
-    batch_size: int | None = None  # samples per step of the workload as given
-    dataloader: Any = None  # the workload's DataLoader, or the trial's rebuilt one
-    micro_batch: int | None = None  # batch.size: samples per forward/backward
-    accumulation: int = 1  # batch.size: micro-batches per optimizer step
-    # Arms that share one model prepare their fixes again around every measured sample.
-    per_sample: bool = False
-    # The fix that captures CUDA graphs of the step ("" for none): see claim_graph_capture.
-    graph_capture: str = ""
-
-
-class FixSpec:
-    """One entry of the registry. Subclasses set the class attributes and override hooks.
-
-    Hooks: ``supported`` (can this machine take it), ``prepare`` (one-time changes to the
-    trial's target, undone through ``stack``), ``scope`` (process-wide switches, entered around
-    each step so interleaved arms never see each other's switches), ``env`` (environment
-    fixes), ``code`` (the plain PyTorch lines a training script would use).
-    """
-
-    id: ClassVar[str]
-    kind: ClassVar[FixKind]
-    summary: ClassVar[str]
-    Params: ClassVar[type[FixParams]] = FixParams
-    main_param: ClassVar[str | None] = None  # ``attention.backend=flash`` sets this parameter
-    group: ClassVar[str | None] = None  # at most one fix of a group in one trial
-    implemented: ClassVar[bool] = True
-    # Its purpose is memory, not speed: a comparison keeps it when peak memory falls, even
-    # at some cost in speed (a recipe that fits a bigger batch or model).
-    saves_memory: ClassVar[bool] = False
-    # Changes only what gpudiag's own step feeds (its batches): tried in trials, while applied
-    # to a user's model it is skipped with how to make the change in a training script.
-    trial_only: ClassVar[bool] = False
-    trial_only_reason: ClassVar[str] = "changes the batches of gpudiag's trials only"
-    order: ClassVar[int] = 50  # application order: compile (90) wraps, cuda.graphs (95) captures
-
-    # -- parameters -----------------------------------------------------------------------
-    def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Turn convenience spellings into the schema's fields (override for aliases)."""
-        return dict(params)
-
-    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            model = self.Params.model_validate(self.normalize(params))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'parameters'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise FixError(
-                f"bad parameters for fix {self.id!r}: {problems}. It takes: {self.params_help()}"
-            ) from None
-        return model.model_dump(mode="json")
-
-    def params_help(self) -> str:
-        fields = self.Params.model_fields
-        if not fields:
-            return "no parameters"
-        parts = []
-        for name, info in fields.items():
-            default = (
-                "" if info.is_required() else f" = {info.get_default(call_default_factory=True)!r}"
-            )
-            parts.append(f"{name}{default}")
-        return ", ".join(parts)
-
-    def is_implemented(self, params: Mapping[str, Any]) -> bool:
-        return self.implemented
-
-    # -- hooks ----------------------------------------------------------------------------
-    def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
-    ) -> tuple[bool, str]:
-        return True, ""
-
-    def describe(self, params: Mapping[str, Any]) -> str:
-        return self.summary
-
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
-        return None
-
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> AbstractContextManager[Any]:
-        return nullcontext()
-
-    def env(self, params: Mapping[str, Any]) -> dict[str, str]:
-        return {}
-
-    def code(self, params: Mapping[str, Any]) -> list[str]:
-        return []
-
-    def not_implemented(self, params: Mapping[str, Any]) -> UnsupportedFixError:
-        return UnsupportedFixError(
-            f"fix {self.id!r} is not implemented in this version of gpudiag (it is defined so "
-            f"findings and recipes can name it). What it means: {self.describe(params)}"
-        )
-
-
-_REGISTRY: dict[str, FixSpec] = {}
-
-
-def register(cls: type[FixSpec]) -> type[FixSpec]:
-    """Class decorator: add a spec to the registry under its ``id``."""
-    _REGISTRY[cls.id] = cls()
-    return cls
+from gpudiag.fixes.spec import (
+    _REGISTRY,
+    FixKind,
+    FixParams,
+    FixSpec,
+    FixTarget,
+    _model_device_type,
+    claim_graph_capture,
+    honour_autocast,
+    register,
+    replace_forward,
+    to_float32,
+)
 
 
 def _load_all() -> None:
@@ -558,85 +418,24 @@ def apply_fixes(
     return AppliedFixes(applied, target, stack, skipped)
 
 
-def _model_device_type(model: Any) -> str | None:
-    try:
-        first = next(iter(model.parameters()))
-    except (AttributeError, StopIteration, TypeError):
-        return None
-    return str(first.device.type)
-
-
-def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
-    """Make ``target.autocast_dtype`` take effect outside gpudiag's own step (see FixTarget)."""
-    if target.autocast_dtype is None:
-        return
-    import torch
-
-    if target.model is None:
-        stack.enter_context(torch.autocast(target.device_type, dtype=target.autocast_dtype))
-        return
-    model = target.model
-    original = model.forward
-    device_type, dtype = target.device_type, target.autocast_dtype
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
-            out = original(*args, **kwargs)
-        return to_float32(out)
-
-    replace_forward(model, forward, stack)
-
-
-def claim_graph_capture(target: FixTarget, by: str, stack: ExitStack) -> None:
-    """Record that ``by`` captures CUDA graphs of the trial's step, until ``stack`` closes.
-
-    Two capturers (compile modes reduce-overhead / max-autotune, cuda.graphs) would nest
-    graphs in graphs; fix groups are per fix, not per parameter, so the second is refused.
-    """
-    if target.graph_capture:
-        raise UnsupportedFixError(
-            f"{by} and {target.graph_capture} both capture CUDA graphs of the step; try them "
-            "as separate arms (compile mode default or max-autotune-no-cudagraphs goes with "
-            "cuda.graphs)"
-        )
-    target.graph_capture = by
-
-    def release() -> None:
-        target.graph_capture = ""
-
-    stack.callback(release)
-
-
-def replace_forward(module: Any, forward: Callable[..., Any], stack: ExitStack) -> None:
-    """Give ``module`` (an instance; its class is untouched) ``forward`` until ``stack``
-    closes, then restore the instance's own ``forward`` if it had one, else drop it."""
-    had_own = "forward" in vars(module)
-    previous = vars(module).get("forward")
-    module.forward = forward
-
-    def undo() -> None:
-        if had_own:
-            module.forward = previous
-        else:
-            vars(module).pop("forward", None)
-
-    stack.callback(undo)
-
-
-def to_float32(value: Any) -> Any:
-    """Low-precision floating tensors in (nested) outputs back to float32 for the loss."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # named tuple
-        return type(value)(*(to_float32(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_float32(v) for v in value)
-    if isinstance(value, dict):
-        out = dict(value) if type(value) is dict else value  # model-output classes update in place
-        for k, v in list(value.items()):
-            out[k] = to_float32(v)
-        return out
-    return value
+# The spec protocol lives in gpudiag.fixes.spec; its names stay importable from here.
+__all__ = [
+    "AppliedFixes",
+    "Fix",
+    "FixConflictError",
+    "FixError",
+    "FixKind",
+    "FixParams",
+    "FixSpec",
+    "FixTarget",
+    "apply_fixes",
+    "check_conflicts",
+    "claim_graph_capture",
+    "get_spec",
+    "honour_autocast",
+    "ordered",
+    "register",
+    "registry",
+    "replace_forward",
+    "to_float32",
+]

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import FixError, FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.errors import FixError, UnsupportedFixError
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 
 
 class BatchSizeParams(FixParams):

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import (
+from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,

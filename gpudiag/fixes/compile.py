@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import (
+from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,

@@ -38,7 +38,7 @@ from typing import Any
 
 from gpudiag.errors import GpuDiagError, UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import (
+from gpudiag.fixes.spec import (
     FixKind,
     FixSpec,
     FixTarget,

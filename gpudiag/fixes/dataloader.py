@@ -16,7 +16,7 @@ from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 from gpudiag.probe.host import usable_cpus
 
 # Workers chosen when none are given: one per spare CPU (the training process keeps one),

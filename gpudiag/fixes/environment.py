@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 
 # Values stay plain tokens so an exported line can never smuggle shell syntax. Matched with
 # fullmatch: "$" alone also matches before a trailing newline ("NCCL_ALGO\n" would pass).

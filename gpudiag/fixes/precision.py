@@ -20,10 +20,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpudiag.errors import UnsupportedFixError
+from gpudiag.errors import FixConflictError, UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.base import (
-    FixConflictError,
+from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,

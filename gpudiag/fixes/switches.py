@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from gpudiag.fixes.base import FixKind, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixSpec, FixTarget, register
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import shlex
 from types import ModuleType
 from typing import Any
 
+from gpudiag.commands import canonical
 from gpudiag.errors import GpuDiagError
 
 SUBCOMMANDS: tuple[str, ...] = (
@@ -94,7 +95,7 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
         else:
             print(help_text())
             return None
-    name, rest = words[0], words[1:]
+    name, rest = canonical(words[0]), words[1:]
     module = _module(name) if name in SUBCOMMANDS else None
     if module is None:
         print(f"%gpudiag: unknown subcommand {name!r}.\n\n{help_text()}")
@@ -116,7 +117,7 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
 def load_ipython_extension(ipython: Any) -> None:
     from gpudiag.magics._register import register
 
-    register(ipython)
+    register(ipython, dispatch, help_text())
 
 
 def unload_ipython_extension(ipython: Any) -> None:

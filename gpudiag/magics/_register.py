@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from gpudiag.magics import dispatch, help_text
+# (line, cell, shell) -> what the magic shows; handed in by gpudiag.magics (no import back).
+Dispatch = Callable[[str, "str | None", Any], Any]
 
 
-@magics_class
-class GpuDiagMagics(Magics):
-    @line_cell_magic
-    def gpudiag(self, line: str = "", cell: str | None = None) -> Any:
-        return dispatch(line, cell, self.shell)
+def register(ipython: Any, dispatch: Dispatch, help_text: str) -> None:
+    @magics_class
+    class GpuDiagMagics(Magics):
+        @line_cell_magic
+        def gpudiag(self, line: str = "", cell: str | None = None) -> Any:
+            return dispatch(line, cell, self.shell)
 
-
-def register(ipython: Any) -> None:
     # ``%gpudiag?`` shows the list of subcommands.
-    GpuDiagMagics.gpudiag.__doc__ = help_text()
+    GpuDiagMagics.gpudiag.__doc__ = help_text
     ipython.register_magics(GpuDiagMagics(ipython))
     from gpudiag.ui.figures import register_displays
 

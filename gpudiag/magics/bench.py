@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.cli.bench import add_arguments as _add_cli_arguments
-from gpudiag.cli.bench import benchmark_list, measure, multinode_command
+from gpudiag.commands.bench import add_arguments as _add_cli_arguments
+from gpudiag.commands.bench import benchmark_list, measure, multinode_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from gpudiag.cli.compare import add_protocol_arguments, finish, parse_overrides, run_comparison
+from gpudiag.commands.compare import add_protocol_arguments, finish, parse_overrides, run_comparison
 from gpudiag.errors import GpuDiagError
 
 

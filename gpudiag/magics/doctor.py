@@ -78,8 +78,8 @@ def _workload(name: str | None, shell: Any) -> tuple[Any, str]:
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     from gpudiag._progress import ProgressBar
+    from gpudiag.doctor import diagnose
     from gpudiag.probe.system import inspect
-    from gpudiag.rules import diagnose
 
     if args.steps < 1:
         raise GpuDiagError("--steps must be at least 1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpudiag.commands.devices import parse_devices
 from gpudiag.monitoring import Monitor, monitor
 
 
@@ -30,12 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--history", type=float, default=600.0, metavar="S", help="seconds kept in memory (600)"
     )
-
-
-def parse_devices(text: str | None) -> list[int | str] | None:
-    if not text:
-        return None
-    return [int(d) if d.strip().isdigit() else d.strip() for d in text.split(",") if d.strip()]
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Monitor:

@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from gpudiag.analysis.occupancy import carveout_config_bytes
-from gpudiag.cli.occupancy import add_arguments as _add_cli_arguments
-from gpudiag.cli.occupancy import answer, question
+from gpudiag.commands.occupancy import add_arguments as _add_cli_arguments
+from gpudiag.commands.occupancy import answer, question
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

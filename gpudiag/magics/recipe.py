@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.cli.recipe import add_arguments as _add_arguments
-from gpudiag.cli.recipe import render
+from gpudiag.commands.recipe import add_arguments as _add_arguments
+from gpudiag.commands.recipe import render
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,8 @@ import threading
 
 import numpy as np
 
+from gpudiag.errors import ArgumentError
+
 
 class SeriesRing:
     """``capacity`` rows of ``width`` float64 values plus a timestamp each.
@@ -17,7 +19,7 @@ class SeriesRing:
 
     def __init__(self, capacity: int, width: int) -> None:
         if capacity < 1:
-            raise ValueError("capacity must be at least 1")
+            raise ArgumentError("capacity must be at least 1")
         self.capacity = int(capacity)
         self.width = int(width)
         self._t = np.zeros(self.capacity, dtype=np.float64)

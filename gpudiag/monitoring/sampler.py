@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.errors import GpuDiagError
 from gpudiag.monitoring.buffer import SeriesRing
@@ -800,11 +801,8 @@ class Monitor:
     def view(self) -> Any:
         """The live widget (an ipywidgets box: control bar + charts), created on first use."""
         if self._view is None:
-            # The measurement layer never imports UI code at import time; this is the one hook.
-            import importlib
-
-            ui = importlib.import_module("gpudiag.ui.monitor")
-            self._view = ui.MonitorView(self)
+            # The widget is registered by gpudiag.ui (the measurement layer never imports it).
+            self._view = _views.build("widget", self)
         return self._view
 
     def _ipython_display_(self) -> None:

@@ -247,3 +247,8 @@ def collective_figure(results: Sequence[CollectiveResult]) -> Any:
             align="left",
         )
     return fig
+
+
+def collective_results_figure(result: CollectiveResult, *others: CollectiveResult) -> Any:
+    """``result.plot(*others)``: one result with others (e.g. an nccl-tests log) overlaid."""
+    return collective_figure([result, *others])

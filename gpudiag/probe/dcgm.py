@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
+from gpudiag.errors import ArgumentError, PrometheusParseError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState
 from gpudiag.probe.readings import Reading, Status, na, ok
 
@@ -102,10 +103,6 @@ class PromSample:
     labels: Mapping[str, str]
     value: float
     timestamp_ms: int | None = None
-
-
-class PrometheusParseError(ValueError):
-    """A line is not Prometheus text exposition format; the message names the line."""
 
 
 def _parse_labels(line: str, pos: int, lineno: int) -> tuple[dict[str, str], int]:
@@ -425,7 +422,7 @@ class DcgmExporterBackend:
         max_workers: int = 8,
     ) -> None:
         if not urls:
-            raise ValueError("give at least one dcgm-exporter URL (http://HOST:9400/metrics)")
+            raise ArgumentError("give at least one dcgm-exporter URL (http://HOST:9400/metrics)")
         self.urls = tuple(normalize_exporter_url(u) for u in urls)
         self.timeout_s = timeout_s
         self._fetch: Fetch = fetch or (lambda u: scrape(u, timeout_s=timeout_s))

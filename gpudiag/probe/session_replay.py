@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from gpudiag.errors import ReplayError
+from gpudiag.errors import ArgumentError, ReplayError
 from gpudiag.probe.readings import Status
 
 SESSION_FORMAT = "gpudiag.session"
@@ -255,7 +255,7 @@ class SessionReplay:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if speed <= 0:
-            raise ValueError("speed must be positive (1.0 is real time)")
+            raise ArgumentError("speed must be positive (1.0 is real time)")
         self.recording = recording
         self.loop = loop
         self.speed = speed

@@ -183,7 +183,7 @@ class Recipe(BaseModel):
 
     @classmethod
     def _build(cls, fixes: list[RecipeFix], **kwargs: Any) -> Recipe:
-        from gpudiag import __version__
+        from gpudiag._version import __version__
 
         return cls(
             gpudiag_version=__version__,

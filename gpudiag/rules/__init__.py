@@ -1,21 +1,11 @@
-"""Diagnose: gather evidence (system, trace, workload, code), run the rules, rank the findings.
+"""Rules: evidence in, findings out, ranked; the rules that could not run say why.
 
-``gd.diagnose()`` inspects the machine; with a workload it profiles a few of its steps and
-reads its model's source; with a trace it analyses it. Rules whose evidence is missing are
-listed as "not evaluated", never passed silently.
+``gd.diagnose`` (gathering the evidence, profiling a workload) lives above this package, in
+``gpudiag.doctor``.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect as _inspect
-import os
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
-
-from gpudiag._progress import ProgressFn, resolve
-from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import (
     REGISTRY,
     Diagnosis,
@@ -37,156 +27,7 @@ __all__ = [
     "NotEvaluated",
     "Rule",
     "Severity",
-    "diagnose",
     "load_rules",
     "rule",
     "run_rules",
 ]
-
-
-def diagnose(
-    workload: Any = None,
-    trace: Any = None,
-    system: Any = None,
-    samples: Any = None,
-    code: str | None = None,
-    *,
-    steps: int = 3,
-    env: Mapping[str, str] | None = None,
-    runtime: Mapping[str, Any] | None = None,
-    scaling: Any = True,
-    progress: bool | ProgressFn = True,
-    collectives: Any = None,
-) -> Diagnosis:
-    """Run every rule over the evidence given or cheaply gathered; findings ranked by gain.
-
-    ``workload``: a ``gd.Workload`` or a demo name (``"gpt"``, ``"mlp"``, ...); without a
-    ``trace`` it is profiled for ``steps`` steps (on a copy of its model when gpudiag owns the
-    step; a ``Workload.from_step`` function is called as it is), and its model's module source
-    is scanned when no ``code`` is given. ``trace``: a ``TraceReport`` or a trace file path.
-    ``system``: a ``SystemReport`` (default: ``gd.inspect()``, which never raises).
-    ``samples``: monitor samples. ``code``: source text to scan for API misuse.
-    ``runtime``: this process's torch switches and profiling-counter permission (default:
-    ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
-    ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
-    seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
-    ``BatchScaling`` is used as given. ``progress``: bars over the profile and the batch
-    scaling (``True``), none (``False``), or a callback that gets a ``gpudiag._progress.Progress``
-    per step or round and ``finished`` after each stage. ``collectives``: measured collective
-    bandwidth (``gd.bench.allreduce`` results or ``parse_nccl_tests`` logs), judged against the
-    topology.
-    """
-    on_progress = resolve(progress)
-    if isinstance(workload, str):
-        from gpudiag.workloads import get
-
-        workload = get(workload)
-    if system is None:
-        from gpudiag.probe.system import inspect
-
-        system = inspect()
-    if isinstance(trace, (str, os.PathLike)):
-        from gpudiag.analysis.trace import analyze_trace
-
-        trace = analyze_trace(trace)
-    if trace is None and workload is not None:
-        trace = profile_workload(workload, steps=steps, on_progress=on_progress)
-    if code is None and workload is not None:
-        code = workload_source(workload)
-    if runtime is None and not system.is_recording:
-        # This process's switches describe this machine: a recorded machine's process is gone.
-        from gpudiag.probe.runtime import runtime_state
-
-        runtime = runtime_state()
-    if scaling is True:
-        scaling = measure_batch_scaling(workload, on_progress=on_progress)
-    evidence = EvidenceBundle(
-        system=system,
-        trace=trace,
-        samples=samples,
-        workload=workload,
-        code=code,
-        runtime=runtime,
-        batch_scaling=scaling or None,
-        collectives=collectives,
-        env=dict(os.environ if env is None else env),
-    )
-    return run_rules(evidence)
-
-
-def measure_batch_scaling(workload: Any, on_progress: ProgressFn | None = None) -> Any:
-    """``batch_scaling`` of the workload when its batch can be resized (None otherwise, or
-    when the measurement itself fails: the rule then says it was not evaluated)."""
-    from gpudiag.experiment.batch_scaling import batch_scaling, can_scale
-
-    if workload is None or can_scale(workload) is not None:
-        return None
-    from gpudiag.rules.steps import FIXED_SHARE
-
-    try:
-        return batch_scaling(workload, stop_below=FIXED_SHARE, on_progress=on_progress)
-    except Exception as exc:  # a workload that breaks at another batch size is not our fault
-        warnings.warn(f"batch scaling not measured: {exc}", GpuDiagWarning, stacklevel=3)
-        return None
-
-
-def _step_function(workload: Any) -> Callable[[], Any]:
-    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy."""
-    if not workload.owns_step:
-        step_fn: Callable[[], Any] = workload.step_fn
-        return step_fn
-    from gpudiag.experiment.workload import Workload
-
-    model = copy.deepcopy(workload.model)
-    trial = copy.copy(workload)
-    if not isinstance(trial, Workload):
-        raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
-    trial.model = model
-    optimizer = trial.optimizer_factory(model.parameters()) if trial.optimizer_factory else None
-    batches = trial.batches()
-    loss_fn = trial.loss_fn()
-
-    def step() -> Any:
-        batch = next(batches)
-        loss = loss_fn(model, batch)
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            model.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    step.__name__ = f"diagnose_{trial.name}"
-    return step
-
-
-def profile_workload(
-    workload: Any,
-    steps: int = 3,
-    trace_dir: str | None = None,
-    on_progress: ProgressFn | None = None,
-) -> Any:
-    """A short ``gd.profile`` of the workload's step (one warm-up step, then ``steps``)."""
-    import tempfile
-
-    from gpudiag.profiling import profile
-
-    step = _step_function(workload)
-    if trace_dir is not None:
-        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir, on_progress=on_progress)
-    with tempfile.TemporaryDirectory(prefix="gpudiag-diagnose-") as tmp:
-        return profile(step, steps=steps, warmup=1, trace_dir=tmp, on_progress=on_progress)
-
-
-def workload_source(workload: Any) -> str | None:
-    """The source of the module that defines the workload's model (or step), when readable."""
-    target = getattr(workload, "model", None)
-    obj: Any = type(target) if target is not None else getattr(workload, "step_fn", None)
-    if obj is None:
-        return None
-    module = _inspect.getmodule(obj)
-    try:
-        return _inspect.getsource(module) if module is not None else None
-    except (OSError, TypeError):
-        return None

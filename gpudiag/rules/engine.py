@@ -118,6 +118,9 @@ class Diagnosis:
     system: Any = field(default=None, repr=False, compare=False)
     # The trace the findings read (a TraceReport), so a front end can show where time went.
     trace: Any = field(default=None, repr=False, compare=False)
+    # What ``try_fix`` runs: ``trial(workload, fixes, system=..., **options)``; set by the one
+    # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
+    trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def recommended(self) -> list[Any]:
         """The ``gd.Fix`` objects worth trying, best first (one per fix id)."""
@@ -156,9 +159,12 @@ class Diagnosis:
             fix = found[0]
         else:
             fix = which
-        from gpudiag.experiment.compare import compare
-
-        return compare(self.workload, fixes=[fix], system=self.system, **compare_options)
+        if self.trial is None:
+            raise GpuDiagError(
+                "this diagnosis has no trial runner: make it with gd.diagnose(workload=...) "
+                "(or run gd.compare(workload, fixes=[...]) directly)"
+            )
+        return self.trial(self.workload, [fix], system=self.system, **compare_options)
 
     def by_severity(self, severity: Severity | str) -> list[Finding]:
         sev = Severity(severity)
@@ -210,7 +216,14 @@ def _rank_key(f: Finding) -> tuple[float, int]:
     return (-gain, -f.severity.rank)
 
 
-def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) -> Diagnosis:
+def run_rules(
+    evidence: EvidenceBundle,
+    *,
+    only: Iterable[str] | None = None,
+    trial: Callable[..., Any] | None = None,
+) -> Diagnosis:
+    """The findings of every rule (or the ``only`` ones) over ``evidence``, ranked; ``trial``
+    is what the diagnosis's ``try_fix`` runs (see ``Diagnosis.trial``)."""
     rules = load_rules()
     wanted = set(only) if only is not None else None
     findings: list[Finding] = []
@@ -259,6 +272,7 @@ def run_rules(evidence: EvidenceBundle, *, only: Iterable[str] | None = None) ->
         workload=evidence.workload,
         system=evidence.system,
         trace=evidence.trace,
+        trial=trial,
     )
 
 

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 from gpudiag._report import card, html_table, jsonable
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import SpecsError, UnknownComputeCapabilityError
 
 ComputeCapability = tuple[int, int]
 
@@ -23,14 +23,6 @@ _ARCHITECTURES: dict[int, str] = {
     11: "Blackwell",
     12: "Blackwell",
 }
-
-
-class SpecsError(GpuDiagError, ValueError):
-    """A spec look-up got something it cannot interpret."""
-
-
-class UnknownComputeCapabilityError(SpecsError):
-    """The compute capability is not one gpudiag has per-SM limits for."""
 
 
 def parse_compute_capability(cc: object) -> ComputeCapability:

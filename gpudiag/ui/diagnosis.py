@@ -145,8 +145,13 @@ class DiagnosisView(widgets.VBox):
         options = dict(self.compare_options)
         # A button callback has no cell of its own: the bar is drawn in the finding's output.
         options.setdefault("progress", ProgressBar(f"Try {finding.fix}", output=out))
+        diagnosis = self.diagnosis
+        if diagnosis.trial is None:  # built by hand, not by gd.diagnose: the UI runs the trial
+            from gpudiag.doctor import run_trial
+
+            diagnosis = dataclasses.replace(diagnosis, trial=run_trial)
         try:
-            result = self.diagnosis.try_fix(fix, **options)
+            result = diagnosis.try_fix(fix, **options)
         except GpuDiagError as exc:
             with out:
                 print(f"gpudiag: {exc}")

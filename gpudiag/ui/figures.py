@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpudiag import _views
+
 _COMPARISON = ("gpudiag.experiment.compare", "Comparison")
 
 
@@ -24,11 +26,9 @@ def comparison_view(comparison: Any) -> Any:
     above the comparison's table."""
     import ipywidgets as widgets
 
-    from gpudiag.plots.compare import comparison_figure
-
     return widgets.VBox(
         [
-            figure_widget(comparison_figure(comparison)),
+            figure_widget(_views.build("figure", comparison)),
             widgets.HTML(comparison._repr_html_(), layout=widgets.Layout(width="100%")),
         ],
         layout=widgets.Layout(width="100%"),

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpudiag.errors import WorkloadError
 from gpudiag.experiment.workload import Workload
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
@@ -88,7 +89,7 @@ class CausalSelfAttention(nn.Module):
         elif impl == "flash_attention_2":
             y = flash_attention_2(q, k, v, dropout)
         else:
-            raise ValueError(
+            raise WorkloadError(
                 f"unknown attention implementation {impl!r}; use one of {ATTENTION_IMPLEMENTATIONS}"
             )
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
@@ -158,7 +159,7 @@ def build(
 ) -> Workload:
     """The demo GPT: fp32, AdamW, eager attention by default; one fixed batch of random tokens."""
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}")
+        raise WorkloadError(f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}")
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size, seq_len, d_model, n_layer, n_head, dropout, attn_implementation)
     model = TinyGPT(config).to(device)

@@ -12,7 +12,7 @@ import pytest
 from gpudiag.analysis.nccl import CollectiveResult
 from gpudiag.bench.gemm import MatmulResult
 from gpudiag.cli import main
-from gpudiag.cli.bench import byte_size, matmul_size
+from gpudiag.commands.bench import byte_size, matmul_size
 
 
 def test_matmul_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,26 +19,7 @@ from gpudiag.bench.timing import (
     measure,
     quartiles,
 )
-
-
-class FakeClock:
-    """A clock that only moves when the fake workload says it ran for some time."""
-
-    def __init__(self, seed: int) -> None:
-        self.now = 0.0
-        self.rng = random.Random(seed)
-        self.log: list[str] = []
-
-    def __call__(self) -> float:
-        self.log.append("read")
-        return self.now
-
-    def sync(self) -> None:
-        self.log.append("sync")
-
-    def work(self) -> None:
-        self.log.append("work")
-        self.now += self.rng.choice((1, 2, 3, 5, 8)) * 1e-3
+from tests.fakes.clock import FakeClock
 
 
 def _draws(seed: int, count: int) -> list[float]:

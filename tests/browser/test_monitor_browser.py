@@ -255,7 +255,7 @@ def test_host_mode_without_a_gpu_is_alive(lab: dict[str, Any], browser: Any) -> 
 DIAGNOSIS_CELL = """\
 import torch
 from gpudiag.magics.doctor import doctor_view
-from gpudiag.rules import diagnose
+from gpudiag.doctor import diagnose
 from gpudiag.workloads import mlp
 torch.set_num_threads(1)
 d = diagnose(mlp.build(batch_size=2, in_features=32, hidden=64), steps=1, env={})

@@ -1,23 +1,10 @@
-"""Test doubles for comparisons: a fake clock and a hand-built GPU-less machine report."""
+"""Test doubles for comparisons: a hand-built GPU-less machine report."""
 
 from __future__ import annotations
 
 from gpudiag.probe.model import DriverInfo, HostInfo, TorchInfo
 from gpudiag.probe.readings import ok
 from gpudiag.probe.system import SystemReport
-
-
-class FakeClock:
-    """Seconds that pass only when a fake step says so."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def cpu_system(*flags: str) -> SystemReport:

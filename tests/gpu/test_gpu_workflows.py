@@ -12,7 +12,7 @@ import pytest
 
 import gpudiag as gd
 from gpudiag import workloads
-from gpudiag.rules import profile_workload
+from gpudiag.doctor import profile_workload
 
 pytestmark = pytest.mark.gpu
 

@@ -108,11 +108,11 @@ def test_a_cell_that_fails_is_a_clear_error_and_changes_nothing(
 
 
 def test_gpudiag_bugs_are_not_blamed_on_the_cell(ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpudiag.rules
+    import gpudiag.doctor
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("inside gpudiag")
 
-    monkeypatch.setattr(gpudiag.rules, "diagnose", broken)
+    monkeypatch.setattr(gpudiag.doctor, "diagnose", broken)
     with pytest.raises(RuntimeError, match="inside gpudiag"):
         ip.run_cell_magic("gpudiag", "doctor --steps 1 --no-scaling", STEP)

@@ -16,7 +16,8 @@ from gpudiag.monitoring import sampler as monitor_module
 from gpudiag.monitoring.buffer import SeriesRing
 from gpudiag.monitoring.sampler import format_value, next_slot
 from gpudiag.probe.readings import Status
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedFeed
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +105,7 @@ def test_tick_records_one_row_per_read_with_its_timestamp() -> None:
 
 
 def test_samples_last_s_keeps_the_tail() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, start=False, clock=clock)
     for _ in range(10):
         m.tick()
@@ -113,7 +114,7 @@ def test_samples_last_s_keeps_the_tail() -> None:
 
 
 def test_history_bounds_the_rows_kept() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, history_s=20.0, start=False, clock=clock)
     for _ in range(100):
         m.tick()
@@ -122,7 +123,7 @@ def test_history_bounds_the_rows_kept() -> None:
 
 
 def test_summary_percentiles_per_series() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, start=False, clock=clock)
     for _ in range(100):
         m.tick()
@@ -135,7 +136,7 @@ def test_summary_percentiles_per_series() -> None:
 
 
 def test_summary_explains_na_series() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     reason = "the NVIDIA driver lets only admin users read GPU performance counters"
     feed = ScriptedFeed(
         clock,
@@ -156,7 +157,7 @@ def test_summary_explains_na_series() -> None:
 
 
 def test_summary_html_escapes_labels() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     feed = ScriptedFeed(clock)
     feed.label = "<script>alert(1)</script>"
     m = Monitor(feed, interval=1.0, start=False, clock=clock)
@@ -189,7 +190,7 @@ def test_throttling_since_and_events() -> None:
 
 def test_invalid_interval_is_a_user_error() -> None:
     with pytest.raises(GpuDiagError, match="interval"):
-        Monitor(ScriptedFeed(FakeClock()), interval=0, start=False)
+        Monitor(ScriptedFeed(FakeClock(1000.0)), interval=0, start=False)
 
 
 # -- every way sampling ends -----------------------------------------------------------------------
@@ -249,7 +250,7 @@ def test_the_exit_hook_stops_the_running_monitor() -> None:
 
 
 def test_listeners_hear_ticks_and_the_stop() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, start=False, clock=clock)
     heard: list[str] = []
     unsubscribe = m.subscribe(lambda _m, event: heard.append(event))
@@ -262,7 +263,7 @@ def test_listeners_hear_ticks_and_the_stop() -> None:
 
 
 def test_a_failing_listener_does_not_stop_sampling() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, start=False, clock=clock)
 
     def broken(_m: Monitor, _event: str) -> None:
@@ -275,7 +276,7 @@ def test_a_failing_listener_does_not_stop_sampling() -> None:
 
 
 def test_a_stopped_monitor_cannot_restart() -> None:
-    m = Monitor(ScriptedFeed(FakeClock()), interval=1.0, start=False)
+    m = Monitor(ScriptedFeed(FakeClock(1000.0)), interval=1.0, start=False)
     m.stop()
     with pytest.raises(GpuDiagError, match=r"gd\.monitor"):
         m.start()

@@ -24,7 +24,8 @@ from gpudiag.probe.backend import NullBackend
 from gpudiag.probe.dcgm import PROFILING_PERMISSION_FIX, ActivityCounters
 from gpudiag.probe.model import GpuInfo, GpuState
 from gpudiag.probe.readings import Status, na, ok
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedBackend, a100_info
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedBackend, a100_info
 
 GIB = 1 << 30
 
@@ -80,7 +81,7 @@ def test_peak_bandwidth_unknown_is_said() -> None:
 
 def test_gpu_metrics_and_derived_values() -> None:
     backend = ScriptedBackend(infos=(a100_info(),), states=[(busy_state(),)])
-    feed = GpuFeed(backend, counters=NoCounters(1, "no counters here"), clock=FakeClock())
+    feed = GpuFeed(backend, counters=NoCounters(1, "no counters here"), clock=FakeClock(1000.0))
     values = read_one(feed)
     assert values["gpu_util_pct"] == 97.0
     assert values["memory_used_bytes"] == 60 * GIB
@@ -109,7 +110,7 @@ def test_dram_active_gives_the_bandwidth_estimate() -> None:
             dram_active_pct=ok(50.0),
         )
     )
-    feed = GpuFeed(backend, counters=counters, clock=FakeClock())
+    feed = GpuFeed(backend, counters=counters, clock=FakeClock(1000.0))
     frame = feed.read()
     values = {s.metric: float(v) for s, v in zip(feed.series, frame.values, strict=True)}
     assert values["tensor_active_pct"] == 55.0
@@ -120,7 +121,7 @@ def test_dram_active_gives_the_bandwidth_estimate() -> None:
 def test_counters_without_permission_are_na_with_the_fix_and_the_rest_carries_on() -> None:
     backend = ScriptedBackend(infos=(a100_info(),), states=[(busy_state(),)])
     denied = ActivityCounters.unavailable(Status.NO_PERMISSION, PROFILING_PERMISSION_FIX, "dcgm")
-    feed = GpuFeed(backend, counters=FixedCounters(denied), clock=FakeClock())
+    feed = GpuFeed(backend, counters=FixedCounters(denied), clock=FakeClock(1000.0))
     m = Monitor(feed, interval=1.0, start=False)
     m.tick()
     reasons = {s.metric: r for s, r in m.na_reasons().items()}
@@ -161,7 +162,7 @@ def test_throttling_is_flagged_with_its_reasons() -> None:
     feed = GpuFeed(
         ScriptedBackend(infos=(a100_info(),), states=[(state,)]),
         counters=NoCounters(1, "none"),
-        clock=FakeClock(),
+        clock=FakeClock(1000.0),
     )
     frame = feed.read()
     assert frame.values[GPU_METRICS.index("throttled")] == 1.0
@@ -180,7 +181,7 @@ def test_a_missing_reading_keeps_its_reason() -> None:
     feed = GpuFeed(
         ScriptedBackend(infos=(a100_info(),), states=[(state,)]),
         counters=NoCounters(1, "none"),
-        clock=FakeClock(),
+        clock=FakeClock(1000.0),
     )
     frame = feed.read()
     assert frame.na[GPU_METRICS.index("power_w")] == (Status.GPU_LOST, lost.reason)
@@ -203,7 +204,7 @@ def test_only_the_chosen_devices_are_recorded() -> None:
         ScriptedBackend(infos=infos, states=states),
         counters=NoCounters(2, "none"),
         devices=[1],
-        clock=FakeClock(),
+        clock=FakeClock(1000.0),
     )
     assert [d.id for d in feed.devices] == ["gpu1"]
     assert read_one(feed)["gpu_util_pct"] == 90.0
@@ -248,7 +249,7 @@ def test_unknown_replay_name_is_a_user_error() -> None:
 def test_closing_the_feed_closes_backend_and_counters() -> None:
     backend = ScriptedBackend(infos=(a100_info(),), states=[(busy_state(),)])
     counters = FixedCounters(ActivityCounters())
-    GpuFeed(backend, counters=counters, clock=FakeClock()).close()
+    GpuFeed(backend, counters=counters, clock=FakeClock(1000.0)).close()
     assert (backend.closed, counters.closed) == (1, 1)
 
 

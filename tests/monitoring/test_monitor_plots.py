@@ -9,7 +9,8 @@ import pandas as pd
 from gpudiag.monitoring import Monitor
 from gpudiag.monitoring.metrics import SeriesKey
 from gpudiag.plots.monitor import monitor_figure
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedFeed
 
 
 def samples() -> pd.DataFrame:

@@ -15,8 +15,9 @@ from gpudiag.monitoring import Monitor
 from gpudiag.monitoring.feeds import DEMO_SESSION, ReplayFeed
 from gpudiag.probe.readings import Status
 from gpudiag.probe.session_replay import SessionRecording, SessionReplay, is_session_file
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedFeed
 from tests.monitoring import monitor_demo_recording
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
 
 
 def test_the_shipped_demo_is_what_the_fixtures_make(fixtures_dir: Path, tmp_path: Path) -> None:
@@ -119,7 +120,7 @@ def test_save_and_replay_round_trip(tmp_path: Path) -> None:
 
 
 def test_a_saved_session_keeps_only_what_the_ring_held(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock), interval=1.0, history_s=9.0, start=False, clock=clock)
     for _ in range(50):
         m.tick()

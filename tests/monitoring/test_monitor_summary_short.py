@@ -10,7 +10,7 @@ from gpudiag.monitoring import Monitor, MonitorSummary
 from gpudiag.monitoring.feeds import DEMO_SESSION, ReplayFeed
 from gpudiag.monitoring.metrics import metric_label
 from gpudiag.probe.session_replay import SessionReplay
-from tests.monitoring.monitor_fakes import FakeClock
+from tests.fakes.clock import FakeClock
 
 
 def _demo_summary(devices: list[str] | None = None, ticks: int = 3) -> MonitorSummary:

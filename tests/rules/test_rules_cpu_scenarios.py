@@ -18,8 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpudiag.doctor import diagnose
 from gpudiag.experiment.workload import Workload
-from gpudiag.rules import Diagnosis, Severity, diagnose
+from gpudiag.rules import Diagnosis, Severity
 from gpudiag.workloads import get, mlp
 
 pytestmark = pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,10 @@ from typing import Any
 import pytest
 
 from gpudiag.cli import main
-from gpudiag.rules import Diagnosis, Finding, Severity, diagnose
+from gpudiag.doctor import diagnose
+from gpudiag.rules import Diagnosis, Finding, Severity
 from gpudiag.rules.engine import EvidenceBundle, run_rules
-from gpudiag.rules.finding import Evidence
+from gpudiag.rules.finding import Evidence, FixRef
 
 RESNET_W0 = "kineto-resnet50_num_workers_0-worker0.1623143089861.pt.trace.json.gz"
 
@@ -242,3 +244,25 @@ def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(
     autocast.loss = loss
     quiet = diagnose(autocast, system=bf16_cpu, steps=1, env={}, scaling=False)
     assert "precision.cpu_fp32_with_bf16" not in quiet.ids()
+
+
+def test_try_fix_on_a_diagnosis_without_a_trial_runner_says_how_to_get_one() -> None:
+    from gpudiag.errors import GpuDiagError
+
+    finding = Finding("x", Severity.HIGH, "c", "m", fix=FixRef("precision.bf16"))
+    diagnosis = run_rules(EvidenceBundle(workload=object()), only=())
+    by_hand = dataclasses.replace(diagnosis, findings=(finding,))
+    with pytest.raises(GpuDiagError, match="no trial runner: make it with gd"):
+        by_hand.try_fix(0)
+    calls: list[Any] = []
+
+    def trial(*args: Any, **options: Any) -> str:
+        calls.append((args, options))
+        return "ran"
+
+    tried = dataclasses.replace(by_hand, trial=trial)
+    assert tried.try_fix("precision.bf16", time_budget_s=1.0) == "ran"
+    (workload, fixes), options = calls[0]
+    assert workload is diagnosis.workload
+    assert [f.id for f in fixes] == ["precision.bf16"]
+    assert options == {"system": None, "time_budget_s": 1.0}

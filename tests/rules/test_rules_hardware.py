@@ -16,7 +16,8 @@ from gpudiag.probe.system import SystemReport, inspect
 from gpudiag.rules.engine import EvidenceBundle, run_rules
 from gpudiag.rules.finding import Finding, Severity
 from tests.conftest import FIXTURES
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedFeed
 
 
 def _report(fixtures_dir: Path, name: str) -> SystemReport:
@@ -250,7 +251,7 @@ def test_unknown_setting_is_not_evaluated_with_the_reason(fixtures_dir: Path) ->
 
 
 def _denied_monitor() -> Monitor:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     feed = ScriptedFeed(
         clock,
         values=lambda n: [float(n), math.nan],

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gpudiag.analysis.trace import TraceReport, analyze_trace
+from gpudiag.doctor import diagnose
 from gpudiag.probe.readings import ok
 from gpudiag.probe.system import SystemReport, inspect
-from gpudiag.rules import diagnose
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
 from gpudiag.rules.finding import Finding, Severity
 from gpudiag.rules.runtime import SOURCE, conv_time, matmul_tf32

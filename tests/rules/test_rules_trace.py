@@ -268,8 +268,8 @@ def test_straggler_rank_is_reported(fixtures_dir: Path) -> None:
 
 
 def test_memory_headroom_unused_needs_both_low_memory_and_low_compute(fixtures_dir: Path) -> None:
+    from gpudiag.doctor import diagnose
     from gpudiag.probe.system import inspect
-    from gpudiag.rules import diagnose
 
     alexnet = (
         fixtures_dir

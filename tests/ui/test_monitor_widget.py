@@ -17,7 +17,8 @@ from gpudiag.monitoring.metrics import DeviceSpec, SeriesKey
 from gpudiag.probe.readings import Status
 from gpudiag.ui import monitor as ui
 from gpudiag.ui.monitor import MonitorChart, MonitorView, widget_asset
-from tests.monitoring.monitor_fakes import FakeClock, ScriptedFeed
+from tests.fakes.clock import FakeClock
+from tests.fakes.monitor_feeds import ScriptedFeed
 
 
 class RecordingComm(BaseComm):
@@ -95,7 +96,7 @@ def test_each_update_sends_only_the_new_rows(comms: list[RecordingComm]) -> None
 
 
 def test_throttled_pushes_batch_the_rows_in_between(comms: list[RecordingComm]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = make_monitor(clock)
     chart = MonitorChart(m, push_interval_s=3600.0)
     c = chart_comm(chart, comms)
@@ -113,7 +114,7 @@ def test_throttled_pushes_batch_the_rows_in_between(comms: list[RecordingComm]) 
 
 
 def test_bytes_per_update_do_not_grow_with_the_window(comms: list[RecordingComm]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = make_monitor(clock)
     chart = MonitorChart(m, push_interval_s=3600.0)
     c = chart_comm(chart, comms)
@@ -133,7 +134,7 @@ def test_bytes_per_update_do_not_grow_with_the_window(comms: list[RecordingComm]
 
 
 def test_hello_from_a_new_browser_gets_the_window_once(comms: list[RecordingComm]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = make_monitor(clock)
     chart = MonitorChart(m, push_interval_s=0.0)
     chart.window_s = 30.0
@@ -156,7 +157,7 @@ def test_hello_from_a_new_browser_gets_the_window_once(comms: list[RecordingComm
 def test_pause_holds_rows_and_resume_sends_only_the_missed_ones(
     comms: list[RecordingComm],
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = make_monitor(clock)
     chart = MonitorChart(m, push_interval_s=0.0)
     c = chart_comm(chart, comms)
@@ -195,7 +196,7 @@ def test_status_carries_na_reasons_throttling_and_state(comms: list[RecordingCom
 def test_tiles_group_lanes_of_one_metric() -> None:
     class Cores(ScriptedFeed):
         def __init__(self) -> None:
-            super().__init__(FakeClock(), width=2)
+            super().__init__(FakeClock(1000.0), width=2)
             self.devices = (DeviceSpec("host", "host", kind="host"),)
             self.series = (
                 SeriesKey("host", "cpu_core_util_pct", "0"),
@@ -214,7 +215,7 @@ def test_tiles_group_lanes_of_one_metric() -> None:
 
 
 def test_closing_the_view_stops_the_monitor_and_every_comm(comms: list[RecordingComm]) -> None:
-    m = Monitor(ScriptedFeed(FakeClock()), interval=0.01)
+    m = Monitor(ScriptedFeed(FakeClock(1000.0)), interval=0.01)
     view = m.view()
     assert isinstance(view, MonitorView)
     assert len(comms) > 5  # the chart, the bar's controls, boxes and their layouts
@@ -224,7 +225,7 @@ def test_closing_the_view_stops_the_monitor_and_every_comm(comms: list[Recording
 
 
 def test_the_stop_button_stops_sampling_but_keeps_the_chart(comms: list[RecordingComm]) -> None:
-    m = Monitor(ScriptedFeed(FakeClock()), interval=0.01)
+    m = Monitor(ScriptedFeed(FakeClock(1000.0)), interval=0.01)
     view = MonitorView(m)
     view.stop_button.click()
     assert m.state == "stopped"
@@ -234,7 +235,7 @@ def test_the_stop_button_stops_sampling_but_keeps_the_chart(comms: list[Recordin
 
 
 def test_controls_drive_the_chart(comms: list[RecordingComm]) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     m = Monitor(ScriptedFeed(clock, width=4), interval=1.0, start=False, clock=clock)
     view = MonitorView(m)
     view.metrics.value = ("power_w",)

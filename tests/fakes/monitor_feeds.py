@@ -1,4 +1,4 @@
-"""Fakes for monitor tests: a clock you move by hand, a scripted feed, a scripted GPU backend."""
+"""Fakes for monitor tests: a scripted feed and a scripted GPU backend."""
 
 from __future__ import annotations
 
@@ -11,19 +11,6 @@ from gpudiag.monitoring.feeds import Frame
 from gpudiag.monitoring.metrics import DeviceSpec, SeriesKey
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState
 from gpudiag.probe.readings import Reading, Status, ok
-
-
-class FakeClock:
-    """A monotonic clock that only moves when told to."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class ScriptedFeed:

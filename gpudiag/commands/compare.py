@@ -1,0 +1,139 @@
+"""Compare a demo workload before/after fixes: speedup with CI, verdict, memory, drift."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpudiag.errors import GpuDiagError
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in {"true", "false"}:
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["seq_len=2048", "attn_implementation=sdpa"]`` -> {"seq_len": 2048, ...}."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise GpuDiagError(f"--set takes key=value (like seq_len=2048), got {item!r}")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
+def add_protocol_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the terminal command and the notebook magic."""
+    parser.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="FIX",
+        help="a fix to try, e.g. precision.bf16, attention.backend=flash, "
+        "compile:mode=max-autotune "
+        "(repeat for several; a+b tries them together)",
+    )
+    parser.add_argument("--combine", action="store_true", help="also try all fixes together")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="time budget for the timed rounds (s)",
+    )
+    parser.add_argument("--min-rounds", type=int, default=5)
+    parser.add_argument("--max-rounds", type=int, default=100)
+    parser.add_argument(
+        "--fixed", action="store_true", help="no adaptive stopping: run exactly --max-rounds rounds"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--recipe", metavar="FILE", help="save the fixes that helped as a recipe (.yaml or .json)"
+    )
+    parser.add_argument("--plot", metavar="FILE.html", help="save the figure as HTML")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workload", default="gpt", help="demo workload: gpt, mlp, cnn or input_bound"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change the demo workload, e.g. --set seq_len=2048",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="torch threads for the run (torch.set_num_threads)"
+    )
+    add_protocol_arguments(parser)
+
+
+def arm_specs(fixes: list[str]) -> list[Any]:
+    """``a+b`` is one arm with both fixes."""
+    from gpudiag.fixes import Fix
+
+    out: list[Any] = []
+    for text in fixes:
+        parts = [p for p in text.split("+") if p.strip()]
+        out.append([Fix.parse(p) for p in parts] if len(parts) > 1 else Fix.parse(text))
+    return out
+
+
+def run_comparison(workload: Any, args: argparse.Namespace, *, progress: bool) -> Any:
+    from gpudiag.experiment.compare import compare
+
+    if not args.fix:
+        raise GpuDiagError(
+            "give at least one --fix (e.g. --fix precision.bf16 --fix attention.backend=flash)"
+        )
+    return compare(
+        workload,
+        arm_specs(args.fix),
+        combine=args.combine,
+        time_budget_s=args.budget,
+        adaptive=not args.fixed,
+        min_rounds=args.min_rounds,
+        max_rounds=args.max_rounds,
+        seed=args.seed,
+        progress=progress,
+    )
+
+
+def finish(result: Any, args: argparse.Namespace) -> None:
+    if args.recipe:
+        path = result.recipe().save(args.recipe)
+        if not args.json:
+            print(f"recipe saved to {path}")
+    if args.plot:
+        result.plot().write_html(args.plot)
+        if not args.json:
+            print(f"figure saved to {args.plot}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpudiag import workloads
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    workload = workloads.get(args.workload, **parse_overrides(args.set))
+    result = run_comparison(workload, args, progress=not args.json)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result)
+    finish(result, args)
+    return 0
