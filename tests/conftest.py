@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -21,30 +20,29 @@ FIXTURES = REPO / "tests" / "fixtures"
 # Files the test session opened beside the repository (a sibling folder such as ../shared):
 # a fresh clone has nothing there, so any such read fails the session (see pytest_sessionfinish).
 _OUTSIDE_READS: list[str] = []
-_INSIDE = str(REPO) + os.sep
-_BESIDE = str(REPO.parent) + os.sep
 _INTERPRETER = tuple({sys.prefix + os.sep, sys.base_prefix + os.sep, sys.exec_prefix + os.sep})
 
 
-# A clone that sits in the temporary directory has pytest's and tempfile's folders beside it.
-_SCRATCH = (
-    re.compile(r"(?:pytest-of-|tmp)[^/]*(?:/|$)")
-    if REPO.parent == Path(tempfile.gettempdir()).resolve()
-    else None
-)
+def _watched_siblings() -> tuple[str, ...]:
+    """The folders beside the repository whose files no test may read: those there when the
+    session starts, and ``shared`` (where the fixture corpus sits beside a checkout). A clone in
+    the temporary directory sits beside every process's scratch files (pytest, tempfile, torch's
+    compile cache), so there only ``shared`` is watched."""
+    names = {"shared"}
+    if REPO.parent != Path(tempfile.gettempdir()).resolve():
+        names |= {p.name for p in REPO.parent.iterdir() if p.is_dir() and p != REPO}
+    beside = REPO.parent
+    return tuple(str(beside / name) + os.sep for name in sorted(names))
+
+
+_WATCHED = _watched_siblings()
 
 
 def _watch_opens(event: str, args: tuple[object, ...]) -> None:
     if event != "open" or not args or not isinstance(args[0], str):
         return
     path = os.path.abspath(args[0])
-    if (
-        path.startswith(_BESIDE)
-        and not path.startswith(_INSIDE)
-        and not path.startswith(_INTERPRETER)
-        and not (_SCRATCH is not None and _SCRATCH.match(path, len(_BESIDE)))
-        and len(_OUTSIDE_READS) < 20
-    ):
+    if path.startswith(_WATCHED) and not path.startswith(_INTERPRETER) and len(_OUTSIDE_READS) < 20:
         _OUTSIDE_READS.append(path)
 
 

@@ -17,8 +17,8 @@ MIN_STEPS = 4
 # which the batch is too small to amortise Python, launches and the optimizer.
 FIXED_SHARE = 0.5
 FIXED_SHARE_HIGH = 0.75
-# A step at 4x the batch cannot run in half the time of a step at 1x: a round where it did was
-# disturbed (warm-up, another process), so the pair says nothing about a fixed cost. (Near 1x is
+# A step at 4x the batch cannot run in half the time of a step at 1x: medians that say so come
+# from a disturbed measurement (warm-up, another process), not from a fixed cost. (Near 1x is
 # what a tiny batch really looks like, so only a large inversion counts.)
 FASTER_LARGER_TOLERANCE = 0.5
 
@@ -121,14 +121,13 @@ def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluat
     instead of inferred from utilization)."""
     scaling = evidence.batch_scaling
     share = scaling.fixed_share
-    inverted = [r for r in scaling.rounds if r[1] < FASTER_LARGER_TOLERANCE * r[0]]
-    if inverted:
-        t1, t2 = inverted[0]
+    if scaling.larger_step_s < FASTER_LARGER_TOLERANCE * scaling.step_s:
         yield NotEvaluated(
             "steps.per_step_overhead",
-            f"consistent timings: in {len(inverted)} of {len(scaling.rounds)} rounds batch "
-            f"{scaling.larger_batch_size} ran faster than batch {scaling.batch_size} "
-            f"({t2 * 1e3:.3g} vs {t1 * 1e3:.3g} ms), which only a disturbed measurement does",
+            f"consistent timings: batch {scaling.larger_batch_size} ran faster than batch "
+            f"{scaling.batch_size} ({scaling.larger_step_s * 1e3:.3g} vs "
+            f"{scaling.step_s * 1e3:.3g} ms, medians of {len(scaling.rounds)} rounds), which "
+            "only a disturbed measurement does",
         )
         return
     if scaling.fixed_share_low < FIXED_SHARE:
