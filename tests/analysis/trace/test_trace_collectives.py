@@ -150,11 +150,11 @@ def test_real_gloo_job_profiled_per_rank(gloo_traces: Path) -> None:
     assert {c.size_bytes for c in gather} == {(1 << 10) * 4 * 2}
     assert {c.timed_on for c in report.calls} == {"host"}
     assert {c.backend for c in report.calls} == {"gloo"}
-    # Rank 1 works and pauses 60 ms before every all-reduce: rank 0 waits for it there. The
+    # Rank 1 works and pauses 150 ms before every all-reduce: rank 0 waits for it there. The
     # first call is left out: each rank's profiler starts at its own time, which can hide the
     # first pause.
     assert all(c.last_rank == 1 for c in reduce[1:])
-    assert all(c.wait_us(0) > 50_000 for c in reduce[1:])
+    assert all(c.wait_us(0) > 100_000 for c in reduce[1:])
     waits = {w.rank: w for w in report.by_rank}
     assert waits[0].wait_us > waits[1].wait_us
     assert report.waited_for is not None

@@ -1,6 +1,6 @@
 """One rank of a 2-process gloo job profiled with torch.profiler (run under torchrun).
 
-Rank 1 is the slow host: extra matrix work and a 60 ms pause before each all-reduce (the pause
+Rank 1 is the slow host: extra matrix work and a 150 ms pause before each all-reduce (the pause
 keeps it last even when the machine is busy), so rank 0 waits for it there and the analysis
 should name rank 1 as the rank that arrives last. Usage:
 ``python -m torch.distributed.run --standalone --nproc-per-node=2 gloo_profile_worker.py OUT``
@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 STEPS = 3
 ALL_REDUCE_ELEMENTS = 1 << 18  # fp32: 1 MiB
 ALL_GATHER_ELEMENTS = 1 << 10  # per rank
-SLOW_RANK_PAUSE_S = 0.06
+SLOW_RANK_PAUSE_S = 0.15  # well above what a loaded 2-core host's scheduler adds
 
 
 def main(out: str) -> None:
@@ -30,6 +30,7 @@ def main(out: str) -> None:
     shard = torch.full((ALL_GATHER_ELEMENTS,), float(rank))
     gathered = torch.empty(world * ALL_GATHER_ELEMENTS)
     a = torch.randn(384, 384)
+    dist.barrier()  # both profilers start together, whatever the start-up of each process took
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(STEPS):
             if rank == 1:
