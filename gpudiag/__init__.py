@@ -105,7 +105,6 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
-    from gpudiag.experiment.workload import Workload as Workload
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor
     from gpudiag.monitoring import monitor as monitor
@@ -118,3 +117,4 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.recipe import Recipe as Recipe
     from gpudiag.rules import Diagnosis as Diagnosis
     from gpudiag.rules import diagnose as diagnose
+    from gpudiag.step import Workload as Workload

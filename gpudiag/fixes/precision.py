@@ -27,7 +27,7 @@ from gpudiag.fixes.base import (
     FixKind,
     FixParams,
     FixSpec,
-    FixTarget,
+    Step,
     register,
     replace_forward,
 )
@@ -78,7 +78,7 @@ class TF32(FixSpec):
             )
         return _system.gpu_has(system, "tf32", "TF32", "8.0+", ": the flags would change nothing")
 
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> Any:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         return tf32_enabled()
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
@@ -131,7 +131,7 @@ class BF16(FixSpec):
             return ok, "" if ok else why
         return _system.gpu_has(system, "bf16", "bf16", "8.0+", "; try precision.fp16 instead")
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         if target.autocast_dtype is not None or target.scaler is not None:
@@ -185,7 +185,7 @@ class FP16(FixSpec):
             )
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         if target.autocast_dtype is not None or target.scaler is not None:
@@ -436,7 +436,7 @@ class FP8(FixSpec):
             + " keep their precision."
         )
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         te, recipe = import_transformer_engine()
