@@ -10,7 +10,7 @@ from typing import Any
 
 from gpudiag.experiment.drift import StepTrace
 from gpudiag.fixes import Fix
-from gpudiag.fixes.base import ordered
+from gpudiag.fixes.base import ambient, transform
 from gpudiag.probe import cuda
 from gpudiag.step import Step, Workload, grad_norm, loss_value
 
@@ -88,8 +88,7 @@ class Arm:
         self.target.close()
 
     def _prepare(self, stack: ExitStack) -> None:
-        for fix in ordered(self.fixes):  # FixSpec.order: compile wraps, cuda.graphs captures that
-            fix.spec.prepare(fix.params, self.target, stack)
+        transform(self.target, self.fixes, stack)
 
     def _collect_notes(self) -> None:
         for note in self.target.notes:
@@ -106,8 +105,7 @@ class Arm:
             if self.shared:
                 self._prepare(stack)
                 self._collect_notes()
-            for fix in self.fixes:
-                stack.enter_context(fix.spec.scope(fix.params, self.target))
+            stack.enter_context(ambient(self.target, self.fixes))
             yield
 
     # -- stepping -----------------------------------------------------------------------

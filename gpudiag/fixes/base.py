@@ -415,6 +415,26 @@ def ordered(fixes: Iterable[Fix]) -> list[Fix]:
     return sorted(fixes, key=lambda f: f.spec.order)
 
 
+def transform(step: Step, fixes: Iterable[Fix], stack: ExitStack) -> Step:
+    """The structural part of ``fixes``: each one's ``prepare`` changes ``step`` (its model,
+    optimizer, batch, dataloader, autocast dtype) in ``FixSpec.order`` (compile wraps before
+    cuda.graphs captures), undone when ``stack`` closes. The one way a fix changes a step:
+    trials and :func:`apply_fixes` both call it."""
+    for fix in ordered(fixes):
+        fix.spec.prepare(fix.params, step, stack)
+    return step
+
+
+@contextmanager
+def ambient(step: Step, fixes: Iterable[Fix]) -> Iterator[None]:
+    """The ambient part of ``fixes``: their process-wide switches and contexts, entered
+    around the step's calls and left afterwards."""
+    with ExitStack() as stack:
+        for fix in fixes:
+            stack.enter_context(fix.spec.scope(fix.params, step))
+        yield
+
+
 class AppliedFixes:
     """Fixes applied to a model (or the process) until ``revert()``.
 
@@ -515,9 +535,9 @@ def apply_fixes(
                     skipped.append((fix, reason))
                     continue
                 raise UnsupportedFixError(f"cannot apply {fix.label}: {reason}")
-            fix.spec.prepare(fix.params, target, stack)
-            stack.enter_context(fix.spec.scope(fix.params, target))
             applied.append(fix)
+        transform(target, applied, stack)
+        stack.enter_context(ambient(target, applied))
         honour_autocast(target, stack)
     except BaseException:
         stack.close()
