@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,6 +417,12 @@ class Step:
     graph_capture: str = ""
     workload: Workload | None = None
     base_model: Any = None
+    # A context around each micro-batch's forward and backward, told whether it is the last
+    # one (a distributed rank: DDP's no_sync, FSDP's gradient sync, on all but the last).
+    grad_sync: Callable[[bool], AbstractContextManager[Any]] | None = None
+    # Keep the step's loss (a detached tensor, summed over micro-batches) in ``last_loss``.
+    keep_loss: bool = False
+    last_loss: Any = field(default=None, repr=False)
     _batches: Iterator[list[Any]] | None = field(default=None, repr=False)
     _micro_loader: Any = field(default=None, repr=False)
 
@@ -479,6 +485,10 @@ class Step:
         wl.batch_size = micro
         return itertools.repeat([wl.make_batch()] * parts)
 
+    def feed(self, micro_batches: list[Any]) -> None:
+        """Run every step on these micro-batches (instead of the workload's batches)."""
+        self._batches = itertools.repeat(list(micro_batches))
+
     def close(self) -> None:
         """Drop the batches (lets DataLoader workers shut down)."""
         self._batches = self._micro_loader = None
@@ -522,13 +532,17 @@ class Step:
         scaler, opt = self.scaler, self.optimizer
         loss_fn = self._workload().loss_fn()
         losses = []
-        for batch in micro_batches:
-            with self.autocast():
-                loss = loss_fn(self.model, batch)
-            if len(micro_batches) > 1:
-                loss = loss / len(micro_batches)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+        n = len(micro_batches)
+        for i, batch in enumerate(micro_batches):
+            with self._sync(i == n - 1):
+                with self.autocast():
+                    loss = loss_fn(self.model, batch)
+                if n > 1:
+                    loss = loss / n
+                (scaler.scale(loss) if scaler is not None else loss).backward()
             losses.append(loss.detach())
+        if self.keep_loss:
+            self.last_loss = sum(losses[1:], losses[0])
         norm = None
         if record:
             if scaler is not None and opt is not None:
@@ -546,6 +560,9 @@ class Step:
         else:
             self.base_model.zero_grad(set_to_none=True)
         return (sum(float(x.float()) for x in losses) if record else None), norm
+
+    def _sync(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext() if self.grad_sync is None else self.grad_sync(last)
 
     def _function_step(self, record: bool) -> tuple[float | None, float | None]:
         assert self.step_fn is not None
