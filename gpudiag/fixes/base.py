@@ -42,10 +42,11 @@ class FixParams(BaseModel):
 class FixSpec:
     """One entry of the registry. Subclasses set the class attributes and override hooks.
 
-    Hooks: ``supported`` (can this machine take it), ``prepare`` (one-time changes to the
-    trial's target, undone through ``stack``), ``scope`` (process-wide switches, entered around
-    each step so interleaved arms never see each other's switches), ``env`` (environment
-    fixes), ``code`` (the plain PyTorch lines a training script would use).
+    Hooks: ``supported`` (can this machine take it), ``prepare`` (a structural fix's
+    transform of the ``Step``, undone through ``stack``), ``scope`` (an ambient fix's
+    switches, entered around each step so interleaved arms never see each other's switches),
+    ``env`` (an environment fix's export), ``code`` (the plain PyTorch lines a training
+    script would use). See :func:`transform` and :func:`ambient`.
     """
 
     id: ClassVar[str]
