@@ -731,7 +731,7 @@ def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
             continue
         try:
             with arm.active():
-                out[arm.label] = measure_peak_memory(arm.step, device_type=device_type)
+                out[arm.label] = measure_peak_memory(arm.target.run, device_type=device_type)
         except Exception as exc:
             arm.error = _error_text(exc)
     return out

@@ -73,7 +73,7 @@ class Arm:
             per_sample=self.shared,
         )
         if not self.shared:
-            self._prepare(self._stack)
+            transform(self.target, self.fixes, self._stack)
             self._collect_notes()
         self.samples_per_step = self.target.samples_per_step()
         self.reset_batches()
@@ -86,9 +86,6 @@ class Arm:
         self._collect_notes()  # fixes may note what happened while stepping
         self._stack.close()
         self.target.close()
-
-    def _prepare(self, stack: ExitStack) -> None:
-        transform(self.target, self.fixes, stack)
 
     def _collect_notes(self) -> None:
         for note in self.target.notes:
@@ -103,7 +100,7 @@ class Arm:
         """The arm's switches (and, on a shared model, its model-level changes) for a while."""
         with ExitStack() as stack:
             if self.shared:
-                self._prepare(stack)
+                transform(self.target, self.fixes, stack)
                 self._collect_notes()
             stack.enter_context(ambient(self.target, self.fixes))
             yield
@@ -120,7 +117,7 @@ class Arm:
         with self.active():
             for i in range(steps):
                 t0 = clock()
-                loss, norm = self.step(record=True)
+                loss, norm = self.target.run(record=True)
                 if i == 0 and self.first_step_s is None:
                     cuda.synchronize()
                     self.first_step_s = clock() - t0
@@ -134,12 +131,12 @@ class Arm:
             if clock is None:
                 with cuda.device_timer() as elapsed:
                     for _ in range(steps):
-                        self.step()
+                        self.target.run()
                 seconds = elapsed[0]
             else:
                 t0 = clock()
                 for _ in range(steps):
-                    self.step()
+                    self.target.run()
                 cuda.synchronize()
                 seconds = clock() - t0
         return seconds / steps
