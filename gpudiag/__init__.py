@@ -32,7 +32,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Monitor": ("gpudiag.monitoring", "Monitor"),
     "bench": ("gpudiag.bench", None),
     "roofline": ("gpudiag.analysis.roofline", "roofline"),
-    "Workload": ("gpudiag.experiment.workload", "Workload"),
+    "Workload": ("gpudiag.step", "Workload"),
     "Fix": ("gpudiag.fixes", "Fix"),
     "compare": ("gpudiag.experiment.compare", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
