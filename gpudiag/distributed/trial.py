@@ -270,16 +270,10 @@ def open_arm(
         _wrap(arm, wl, device, ddp)
         arm.micro_batches = _micro_batches(wl, accumulation)
         arm.loss_fn = wl.loss_fn()
-        arm.training = Step(
-            model=arm.model,
-            base_model=arm.model,
-            optimizer=arm.optimizer,
-            owns_step=True,
-            device_type=device.split(":")[0],
-            workload=wl,
-            grad_sync=_grad_sync(arm, len(arm.micro_batches)),
-            keep_loss=True,
-        )
+        arm.training = Step.of(wl, arm.model, device_type=device.split(":")[0])
+        arm.training.optimizer = arm.optimizer
+        arm.training.grad_sync = _grad_sync(arm, len(arm.micro_batches))
+        arm.training.keep_loss = True
         arm.training.feed(arm.micro_batches)
         arm.samples_per_step = wl.samples_per_step()
         arm.tokens_per_sample = wl.tokens_per_sample
