@@ -32,7 +32,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Monitor": ("gpudiag.monitoring", "Monitor"),
     "bench": ("gpudiag.bench", None),
     "roofline": ("gpudiag.analysis.roofline", "roofline"),
-    "Workload": ("gpudiag.experiment.workload", "Workload"),
+    "Workload": ("gpudiag.step", "Workload"),
     "Fix": ("gpudiag.fixes", "Fix"),
     "compare": ("gpudiag.experiment.compare", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
@@ -164,7 +164,6 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.experiment.memory_report import memory as memory
     from gpudiag.experiment.plan import Plan as Plan
     from gpudiag.experiment.plan import plan as plan
-    from gpudiag.experiment.workload import Workload as Workload
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor
     from gpudiag.monitoring import monitor as monitor
@@ -176,3 +175,4 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.profiling import profile as profile
     from gpudiag.recipe import Recipe as Recipe
     from gpudiag.rules import Diagnosis as Diagnosis
+    from gpudiag.step import Workload as Workload

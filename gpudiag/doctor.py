@@ -127,29 +127,17 @@ def _step_function(workload: Any) -> Callable[[], Any]:
     if not workload.owns_step:
         step_fn: Callable[[], Any] = workload.step_fn
         return step_fn
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Step, Workload
 
-    model = copy.deepcopy(workload.model)
-    trial = copy.copy(workload)
-    if not isinstance(trial, Workload):
+    if not isinstance(workload, Workload):
         raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
-    trial.model = model
-    optimizer = trial.optimizer_factory(model.parameters()) if trial.optimizer_factory else None
-    batches = trial.batches()
-    loss_fn = trial.loss_fn()
+    training = Step.of(workload, copy.deepcopy(workload.model))
+    training.new_optimizer()
 
-    def step() -> Any:
-        batch = next(batches)
-        loss = loss_fn(model, batch)
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            model.zero_grad(set_to_none=True)
-        return loss.detach()
+    def step() -> None:
+        training.run()
 
-    step.__name__ = f"diagnose_{trial.name}"
+    step.__name__ = f"diagnose_{workload.name}"
     return step
 
 

@@ -51,19 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from gpudiag._progress import ProgressBar
     from gpudiag.experiment.compare import compare
     from gpudiag.profiling import profile
+    from gpudiag.step import Step
 
     out = Path(args.out)
     print(f"\nThe trace and the recipe go into {out}/")
     _section("Profile one training step of the demo GPT (fp32, hand-written attention)")
-    gpt = workloads.get("gpt", seq_len=512)
-    model, batch, loss_fn = gpt.model, gpt.make_batch(), gpt.loss_fn()
-    optimizer = gpt.optimizer_factory(model.parameters()) if gpt.optimizer_factory else None
+    training = Step.of(workloads.get("gpt", seq_len=512))
+    training.new_optimizer()
 
     def train_step() -> None:
-        loss_fn(model, batch).backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        training.run()
 
     with ProgressBar("demo") as bar:
         report = profile(train_step, steps=2, warmup=1, trace_dir=out / "traces", on_progress=bar)

@@ -85,22 +85,13 @@ def _smi(args: tuple[str, ...]) -> Callable[[Path], str | None]:
 def _demo_step(name: str, device: str, size: dict[str, Any]) -> Callable[[], Any]:
     """One training step of a demo workload (forward, loss, backward, optimizer)."""
     from gpudiag import workloads
+    from gpudiag.step import Step
 
-    workload = workloads.get(name, device=device, **size)
-    model = workload.model
-    optimizer = (
-        workload.optimizer_factory(model.parameters()) if workload.optimizer_factory else None
-    )
-    batches = workload.batches()
-    loss_fn = workload.loss_fn()
+    training = Step.of(workloads.get(name, device=device, **size))
+    training.new_optimizer()
 
-    def step() -> Any:
-        loss = loss_fn(model, next(batches))
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+    def step() -> None:
+        training.run()
 
     step.__name__ = f"record_{name}"
     return step

@@ -145,22 +145,15 @@ def gpu_facts(local_rank: int, system: Any = None) -> dict[str, Any]:
 
 def time_local_steps(workload: Any, steps: int, *, warmup: int = 1) -> list[float]:
     """Seconds per training step of ``workload`` run by this process alone (no collectives)."""
-    model = workload.model
-    factory = workload.optimizer_factory
-    optimizer = factory(model.parameters()) if factory is not None else None
-    batches = workload.batches()
-    loss_fn = workload.loss_fn()
+    from gpudiag.step import Step
+
+    training = Step.of(workload)
+    training.new_optimizer()
     on_gpu = str(workload.device).startswith("cuda")
     times: list[float] = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        loss = loss_fn(model, next(batches))
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            model.zero_grad(set_to_none=True)
+        training.run()
         if on_gpu:
             cuda.synchronize()
         if i >= warmup:

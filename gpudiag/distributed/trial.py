@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.probe import cuda
+from gpudiag.step import Step, Workload, split_batch
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class RankArm:
     optimizer: Any = None
     micro_batches: list[Any] = field(default_factory=list)
     loss_fn: Callable[[Any, Any], Any] | None = None
+    training: Step | None = None  # runs the arm's step (model, optimizer, micro-batches)
     samples_per_step: int = 0  # this rank's samples per optimizer step
     tokens_per_sample: int | None = None
     peak_bytes: int | None = None
@@ -214,34 +215,29 @@ def _micro_batches(workload: Workload, accumulation: int) -> list[Any]:
     return parts if parts is not None else [batch] * accumulation
 
 
-def step(arm: RankArm) -> Any:
-    """One optimizer step over the arm's micro-batches; gradient sync only on the last one
-    (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``)."""
+def _grad_sync(arm: RankArm, parts: int) -> Callable[[bool], Any]:
+    """Gradient sync only on the last micro-batch (DDP's ``no_sync``, FSDP2's
+    ``set_requires_gradient_sync(False)``)."""
     from contextlib import nullcontext
 
-    model, n = arm.model, len(arm.micro_batches)
-    assert arm.loss_fn is not None
-    total = None
-    for i, batch in enumerate(arm.micro_batches):
-        last = i == n - 1
+    model = arm.model
+
+    def sync(last: bool) -> Any:
         if arm.strategy == "fsdp":
-            if n > 1:
+            if parts > 1:
                 model.set_requires_gradient_sync(last)
-            context: Any = nullcontext()
-        else:
-            context = nullcontext() if last else model.no_sync()
-        with context:
-            loss = arm.loss_fn(model, batch)
-            if n > 1:
-                loss = loss / n
-            loss.backward()
-        total = loss.detach() if total is None else total + loss.detach()
-    if arm.optimizer is not None:
-        arm.optimizer.step()
-        arm.optimizer.zero_grad(set_to_none=True)
-    else:
-        model.zero_grad(set_to_none=True)
-    return total
+            return nullcontext()
+        return nullcontext() if last else model.no_sync()
+
+    return sync
+
+
+def step(arm: RankArm) -> Any:
+    """One optimizer step over the arm's micro-batches (the arm's Step); its summed loss."""
+    assert arm.training is not None
+    arm.training.run()
+    loss, arm.training.last_loss = arm.training.last_loss, None
+    return loss
 
 
 def _mean_over_ranks(value: Any) -> float:
@@ -279,6 +275,11 @@ def open_arm(
         _wrap(arm, wl, device, ddp)
         arm.micro_batches = _micro_batches(wl, accumulation)
         arm.loss_fn = wl.loss_fn()
+        arm.training = Step.of(wl, arm.model, device_type=device.split(":")[0])
+        arm.training.optimizer = arm.optimizer
+        arm.training.grad_sync = _grad_sync(arm, len(arm.micro_batches))
+        arm.training.keep_loss = True
+        arm.training.feed(arm.micro_batches)
         arm.samples_per_step = wl.samples_per_step()
         arm.tokens_per_sample = wl.tokens_per_sample
 

@@ -437,18 +437,7 @@ def compare(
     e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
     if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
-        import inspect
-
-        from gpudiag.experiment.distributed import compare_distributed
-
-        unknown = sorted(set(distributed) - set(inspect.signature(compare_distributed).parameters))
-        if unknown:
-            raise GpuDiagError(f"unknown argument(s) {', '.join(unknown)} of compare(nproc=...)")
-
-        return compare_distributed(
-            workload, fixes, nproc=nproc, seed=seed, confidence=confidence,
-            tolerance=tolerance, **distributed,
-        )  # fmt: skip
+        return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
     if distributed:
         raise GpuDiagError(f"unknown argument(s) {', '.join(sorted(distributed))} of compare")
     started = time.perf_counter()
@@ -465,25 +454,7 @@ def compare(
     )
     hardware, system_facts = _hardware(system, device_type)
 
-    # -- arms -----------------------------------------------------------------------------
-    wanted = [_arm_fixes(spec) for spec in fixes]
-    skipped: list[tuple[str, str]] = []
-    arm_fixes: list[tuple[Fix, ...]] = []
-    for combo in wanted:
-        label = "+".join(f.label for f in combo)
-        if combo in arm_fixes or any(label == s for s, _ in skipped):
-            continue
-        check_conflicts(combo)
-        reason = _why_not(combo, workload, system, device_type)
-        if reason:
-            skipped.append((label, reason))
-        else:
-            arm_fixes.append(combo)
-    if combine and len(arm_fixes) > 1:
-        # The combination of what this machine can take; skipped fixes are already reported.
-        together = tuple(dict.fromkeys(f for combo in arm_fixes for f in combo))
-        check_conflicts(together)
-        arm_fixes.append(together)
+    arm_fixes, skipped = _prepare_arms(fixes, combine, workload, system, device_type)
     rule = AdaptiveRule(
         min_rounds=min_rounds,
         max_rounds=max_rounds,
@@ -491,20 +462,11 @@ def compare(
         tolerance=tolerance,
         seed=seed,
     )
-
     notes: list[str] = []
-    protected = workload.protected
-    shared = not workload.owns_step
-    if workload.owns_step:
-        shared = not _use_copies(copies, workload, system, device_type, len(arm_fixes) + 1, notes)
-    isolation = (
-        "each arm on its own deep copy; the user's model snapshot, restored and verified"
-        if not shared
-        else "arms on the user's objects, snapshot, restored and verified after the comparison"
-    )
+    shared, isolation = _sharing(copies, workload, system, device_type, len(arm_fixes) + 1, notes)
 
     on_progress = resolve(progress)
-    with isolated(*protected) as snapshot:
+    with isolated(*workload.protected) as snapshot:
         arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
         try:
             for arm in arms:
@@ -518,62 +480,16 @@ def compare(
             report(on_progress, "compare: preparing", 1, 3, "peak memory")
             memory = _memory_phase(arms, device_type) if measure_memory else {}
             report(on_progress, "compare: preparing", 2, 3, "warm-up")
-            k, rounds, stops, measuring_s = _timing_phase(
-                arms,
-                rule,
-                adaptive,
-                warmup_steps,
-                min_sample_s,
-                steps_per_sample,
-                seed,
-                on_progress,
-                clock,
-                wall,
+            _warmup_phase(arms, warmup_steps, clock)
+            k = _steps_per_sample(arms, min_sample_s, steps_per_sample)
+            rounds, stops, measuring_s = _timing_phase(
+                arms, rule, adaptive, k, seed, on_progress, clock, wall
             )
         finally:
             for arm in arms:
                 arm.close()
 
-    baseline_arm = arms[0]
-    base_samples = baseline_arm.samples_s
-    results = []
-    for arm in arms:
-        n = min(len(arm.samples_s), len(base_samples))
-        est = verdict_text = None
-        if not arm.is_baseline and n >= 2 and arm.error is None:
-            est = speedup_ci(
-                base_samples[:n],
-                per_baseline_step(arm, baseline_arm)[:n],
-                confidence=confidence,
-                seed=seed,
-            )
-            verdict_text = verdict(est, tolerance=tolerance)
-        drift = None
-        if not arm.is_baseline:
-            drift = _drift_for(traces, arm, baseline_arm)
-            if arm.samples_per_step != baseline_arm.samples_per_step and arm.samples_per_step:
-                drift = not_measured(
-                    f"the arm takes {arm.samples_per_step} samples per optimizer step, the "
-                    f"baseline {baseline_arm.samples_per_step}: their losses are not comparable"
-                )
-        stop = stops.get(arm.label)
-        results.append(
-            ArmResult(
-                label=arm.label,
-                fixes=arm.fixes,
-                step_time=Measurement(tuple(arm.samples_s), arm.label),
-                samples_per_step=arm.samples_per_step,
-                tokens_per_sample=workload.tokens_per_sample,
-                memory=memory.get(arm.label),
-                drift=drift,
-                speedup=est,
-                verdict=verdict_text,
-                stop_reason=describe_stop(stop) if stop else ("" if arm.is_baseline else "fixed"),
-                first_step_s=arm.first_step_s,
-                error=arm.error,
-                notes=tuple(arm.notes),
-            )
-        )
+    results = _verdict_phase(arms, traces, memory, stops, workload, confidence, tolerance, seed)
     overall = _overall_stop(stops, adaptive, rounds, rule)
     if any(a.fixes and any(f.id == "compile" for f in a.fixes) for a in arms):
         notes.append(
@@ -601,6 +517,84 @@ def compare(
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system=system_facts,
     )
+
+
+# -- the protocol's phases, in the order compare() runs them -------------------------------
+
+
+def _hand_off(
+    workload: Any,
+    fixes: Iterable[ArmSpec],
+    nproc: int,
+    seed: int,
+    confidence: float,
+    tolerance: float,
+    distributed: dict[str, Any],
+) -> Comparison:
+    """``nproc=N``: the trial runs as N ranks through torchrun (experiment.distributed)."""
+    import inspect
+
+    from gpudiag.experiment.distributed import compare_distributed
+
+    unknown = sorted(set(distributed) - set(inspect.signature(compare_distributed).parameters))
+    if unknown:
+        raise GpuDiagError(f"unknown argument(s) {', '.join(unknown)} of compare(nproc=...)")
+
+    return compare_distributed(
+        workload, fixes, nproc=nproc, seed=seed, confidence=confidence,
+        tolerance=tolerance, **distributed,
+    )  # fmt: skip
+
+
+def _prepare_arms(
+    fixes: Iterable[ArmSpec],
+    combine: bool,
+    workload: Workload,
+    system: Any,
+    device_type: str,
+) -> tuple[list[tuple[Fix, ...]], list[tuple[str, str]]]:
+    """The arms to measure (fix tuples, deduplicated, conflicts refused) and the skipped
+    ones with the reason; with ``combine``, one more arm with every fix that can run."""
+    wanted = [_arm_fixes(spec) for spec in fixes]
+    skipped: list[tuple[str, str]] = []
+    arm_fixes: list[tuple[Fix, ...]] = []
+    for combo in wanted:
+        label = "+".join(f.label for f in combo)
+        if combo in arm_fixes or any(label == s for s, _ in skipped):
+            continue
+        check_conflicts(combo)
+        reason = _why_not(combo, workload, system, device_type)
+        if reason:
+            skipped.append((label, reason))
+        else:
+            arm_fixes.append(combo)
+    if combine and len(arm_fixes) > 1:
+        # The combination of what this machine can take; skipped fixes are already reported.
+        together = tuple(dict.fromkeys(f for combo in arm_fixes for f in combo))
+        check_conflicts(together)
+        arm_fixes.append(together)
+    return arm_fixes, skipped
+
+
+def _sharing(
+    copies: bool | None,
+    workload: Workload,
+    system: Any,
+    device_type: str,
+    n_arms: int,
+    notes: list[str],
+) -> tuple[bool, str]:
+    """Whether the arms share the user's model (else each gets a deep copy), and the text
+    that says so."""
+    shared = not workload.owns_step
+    if workload.owns_step:
+        shared = not _use_copies(copies, workload, system, device_type, n_arms, notes)
+    isolation = (
+        "each arm on its own deep copy; the user's model snapshot, restored and verified"
+        if not shared
+        else "arms on the user's objects, snapshot, restored and verified after the comparison"
+    )
+    return shared, isolation
 
 
 def _why_not(combo: tuple[Fix, ...], workload: Workload, system: Any, device_type: str) -> str:
@@ -736,24 +730,15 @@ def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
             continue
         try:
             with arm.active():
-                out[arm.label] = measure_peak_memory(arm.step, device_type=device_type)
+                out[arm.label] = measure_peak_memory(arm.target.run, device_type=device_type)
         except Exception as exc:
             arm.error = _error_text(exc)
     return out
 
 
-def _timing_phase(
-    arms: list[Arm],
-    rule: AdaptiveRule,
-    adaptive: bool,
-    warmup_steps: int,
-    min_sample_s: float,
-    steps_per_sample: int | None,
-    seed: int,
-    on_progress: ProgressFn | None,
-    clock: Callable[[], float] | None,
-    wall: Callable[[], float],
-) -> tuple[int, int, dict[str, str], float]:
+def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float] | None) -> None:
+    """At least one timed step per arm (allocator, autotuning, lazy init); a failing arm keeps
+    its error, a failing baseline ends the comparison."""
     for arm in arms:
         if arm.error is not None:
             continue
@@ -764,11 +749,28 @@ def _timing_phase(
             arm.error = _error_text(exc)
     if arms[0].error is not None:
         raise GpuDiagError(f"the baseline itself failed: {arms[0].error}")
+
+
+def _steps_per_sample(arms: list[Arm], min_sample_s: float, steps_per_sample: int | None) -> int:
+    """Steps in one timed sample: enough that the fastest warm-up step lasts ``min_sample_s``."""
     if steps_per_sample is None:
         fastest = min(min(a.warmup_s) for a in arms if a.warmup_s)
-        k = max(1, math.ceil(min_sample_s / fastest)) if fastest > 0 else 1
-    else:
-        k = max(1, int(steps_per_sample))
+        return max(1, math.ceil(min_sample_s / fastest)) if fastest > 0 else 1
+    return max(1, int(steps_per_sample))
+
+
+def _timing_phase(
+    arms: list[Arm],
+    rule: AdaptiveRule,
+    adaptive: bool,
+    k: int,
+    seed: int,
+    on_progress: ProgressFn | None,
+    clock: Callable[[], float] | None,
+    wall: Callable[[], float],
+) -> tuple[int, dict[str, str], float]:
+    """Rounds of ``k`` steps per arm in a fresh random order; with ``adaptive``, each arm
+    stops when its AdaptiveStopper says so. (rounds, stop reason per arm, seconds)."""
     rng = random.Random(seed)
     stoppers = {a.label: AdaptiveStopper(rule) for a in arms[1:]}
     stops: dict[str, str] = {}
@@ -815,7 +817,61 @@ def _timing_phase(
         finish(on_progress, "compare")
     for arm in active:
         stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
-    return k, rounds, stops, wall() - t0
+    return rounds, stops, wall() - t0
+
+
+def _verdict_phase(
+    arms: list[Arm],
+    traces: dict[str, StepTrace],
+    memory: dict[str, PeakMemory],
+    stops: dict[str, str],
+    workload: Workload,
+    confidence: float,
+    tolerance: float,
+    seed: int,
+) -> list[ArmResult]:
+    """Each arm's result: speed-up against the baseline with its verdict, drift, memory."""
+    baseline_arm = arms[0]
+    base_samples = baseline_arm.samples_s
+    results = []
+    for arm in arms:
+        n = min(len(arm.samples_s), len(base_samples))
+        est = verdict_text = None
+        if not arm.is_baseline and n >= 2 and arm.error is None:
+            est = speedup_ci(
+                base_samples[:n],
+                per_baseline_step(arm, baseline_arm)[:n],
+                confidence=confidence,
+                seed=seed,
+            )
+            verdict_text = verdict(est, tolerance=tolerance)
+        drift = None
+        if not arm.is_baseline:
+            drift = _drift_for(traces, arm, baseline_arm)
+            if arm.samples_per_step != baseline_arm.samples_per_step and arm.samples_per_step:
+                drift = not_measured(
+                    f"the arm takes {arm.samples_per_step} samples per optimizer step, the "
+                    f"baseline {baseline_arm.samples_per_step}: their losses are not comparable"
+                )
+        stop = stops.get(arm.label)
+        results.append(
+            ArmResult(
+                label=arm.label,
+                fixes=arm.fixes,
+                step_time=Measurement(tuple(arm.samples_s), arm.label),
+                samples_per_step=arm.samples_per_step,
+                tokens_per_sample=workload.tokens_per_sample,
+                memory=memory.get(arm.label),
+                drift=drift,
+                speedup=est,
+                verdict=verdict_text,
+                stop_reason=describe_stop(stop) if stop else ("" if arm.is_baseline else "fixed"),
+                first_step_s=arm.first_step_s,
+                error=arm.error,
+                notes=tuple(arm.notes),
+            )
+        )
+    return results
 
 
 def per_baseline_step(arm: Arm, baseline: Arm) -> list[float]:

@@ -58,7 +58,7 @@ def measure_timeline(
                 arm.step()
                 if budget_bytes is None:
                     return measure_step_timeline(arm.step, device=str(workload.device))
-                batch = next(arm._batches) if arm._batches is not None else []
+                batch = next(arm.target._batches) if arm.target._batches is not None else []
                 track = [model, arm.target.optimizer, *_tensors(batch)]
 
                 def capped() -> None:
@@ -91,7 +91,7 @@ def capped_peak(
             arm.new_optimizer()
             with arm.active():
                 arm.step()
-                batch = next(arm._batches) if arm._batches is not None else []
+                batch = next(arm.target._batches) if arm.target._batches is not None else []
                 track = [model, arm.target.optimizer, *_tensors(batch)]
                 budget = MemoryBudget(budget_bytes, track=[t for t in track if t is not None])
                 try:

@@ -17,7 +17,7 @@ from pydantic import field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 
 Backend = Literal["sdpa", "flash", "efficient", "cudnn", "math", "flash_attn", "te", "eager"]
 
@@ -183,7 +183,7 @@ class AttentionBackend(FixSpec):
             )
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         backend = params.get("backend", "sdpa")
         if backend == "te":
             raise self.not_implemented(params)
@@ -219,7 +219,7 @@ class AttentionBackend(FixSpec):
                     f"attention implementation switched from {before!r} to {wanted!r}"
                 )
 
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> Any:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         backend = params.get("backend", "sdpa")
         if backend not in SDPA_BACKENDS:
             return nullcontext()

@@ -15,7 +15,6 @@ from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,
-    FixTarget,
     _model_device_type,
     claim_graph_capture,
     honour_autocast,
@@ -23,6 +22,7 @@ from gpudiag.fixes.spec import (
     replace_forward,
     to_float32,
 )
+from gpudiag.step import Step
 
 
 def _load_all() -> None:
@@ -306,6 +306,26 @@ def ordered(fixes: Iterable[Fix]) -> list[Fix]:
     return sorted(fixes, key=lambda f: f.spec.order)
 
 
+def transform(step: Step, fixes: Iterable[Fix], stack: ExitStack) -> Step:
+    """The structural part of ``fixes``: each one's ``prepare`` changes ``step`` (its model,
+    optimizer, batch, dataloader, autocast dtype) in ``FixSpec.order`` (compile wraps before
+    cuda.graphs captures), undone when ``stack`` closes. The one way a fix changes a step:
+    trials and :func:`apply_fixes` both call it."""
+    for fix in ordered(fixes):
+        fix.spec.prepare(fix.params, step, stack)
+    return step
+
+
+@contextmanager
+def ambient(step: Step, fixes: Iterable[Fix]) -> Iterator[None]:
+    """The ambient part of ``fixes``: their process-wide switches and contexts, entered
+    around the step's calls and left afterwards."""
+    with ExitStack() as stack:
+        for fix in fixes:
+            stack.enter_context(fix.spec.scope(fix.params, step))
+        yield
+
+
 class AppliedFixes:
     """Fixes applied to a model (or the process) until ``revert()``.
 
@@ -315,7 +335,7 @@ class AppliedFixes:
     """
 
     def __init__(
-        self, fixes: list[Fix], target: FixTarget, stack: ExitStack, skipped: list[tuple[Fix, str]]
+        self, fixes: list[Fix], target: Step, stack: ExitStack, skipped: list[tuple[Fix, str]]
     ):
         self.fixes = fixes
         self.target = target
@@ -386,9 +406,7 @@ def apply_fixes(
         if system is not None
         else (device_type or "cpu")
     )
-    target = FixTarget(
-        model=model, optimizer=optimizer, owns_step=False, device_type=dev, system=system
-    )
+    target = Step(model=model, optimizer=optimizer, owns_step=False, device_type=dev, system=system)
     stack = ExitStack()
     applied: list[Fix] = []
     skipped: list[tuple[Fix, str]] = []
@@ -408,9 +426,9 @@ def apply_fixes(
                     skipped.append((fix, reason))
                     continue
                 raise UnsupportedFixError(f"cannot apply {fix.label}: {reason}")
-            fix.spec.prepare(fix.params, target, stack)
-            stack.enter_context(fix.spec.scope(fix.params, target))
             applied.append(fix)
+        transform(target, applied, stack)
+        stack.enter_context(ambient(target, applied))
         honour_autocast(target, stack)
     except BaseException:
         stack.close()
@@ -427,7 +445,7 @@ __all__ = [
     "FixKind",
     "FixParams",
     "FixSpec",
-    "FixTarget",
+    "Step",
     "apply_fixes",
     "check_conflicts",
     "claim_graph_capture",

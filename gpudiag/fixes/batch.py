@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from gpudiag.errors import FixError, UnsupportedFixError
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 
 
 class BatchSizeParams(FixParams):
@@ -59,7 +59,7 @@ class BatchSize(FixSpec):
         parts = [f"{k}={v}" for k, v in params.items() if v is not None]
         return f"{self.summary} ({', '.join(parts)})" if parts else self.summary
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         if not target.owns_step or not target.batch_size:
             raise UnsupportedFixError(
                 "batch.size changes the batch gpudiag's own step builds (a gd.Workload with "
@@ -95,5 +95,5 @@ class BatchSize(FixSpec):
         ]
 
 
-def _restore(target: FixTarget, before: tuple[int | None, int]) -> None:
+def _restore(target: Step, before: tuple[int | None, int]) -> None:
     target.micro_batch, target.accumulation = before

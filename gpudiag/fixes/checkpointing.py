@@ -24,7 +24,7 @@ from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,
-    FixTarget,
+    Step,
     register,
     replace_forward,
 )
@@ -194,7 +194,7 @@ class ActivationCheckpointing(FixSpec):
         of = f" of class {', '.join(classes)}" if classes else " (the model's repeated blocks)"
         return f"{self.summary} Checkpoints {which}{of}."
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         from torch import nn
 
         model = target.model

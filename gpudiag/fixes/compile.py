@@ -17,7 +17,7 @@ from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,
-    FixTarget,
+    Step,
     claim_graph_capture,
     register,
 )
@@ -91,7 +91,7 @@ class Compile(FixSpec):
             return False, f"Triton needs compute capability 7.0+; {name} is {_system.cc_text(cc)}"
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         mode = params.get("mode", "default")

@@ -41,7 +41,7 @@ from gpudiag.fixes import _system
 from gpudiag.fixes.spec import (
     FixKind,
     FixSpec,
-    FixTarget,
+    Step,
     claim_graph_capture,
     register,
     replace_forward,
@@ -290,7 +290,7 @@ class CudaGraphs(FixSpec):
             return False, "the system report shows no GPU that CUDA can use"
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         from torch import nn
 
         if not target.owns_step:

@@ -16,12 +16,15 @@ from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 from gpudiag.probe.host import usable_cpus
+from gpudiag.step import rebuild_loader
 
 # Workers chosen when none are given: one per spare CPU (the training process keeps one),
 # at most this many (more rarely helps a single GPU's input pipeline and costs memory).
 MAX_AUTO_WORKERS = 8
+
+__all__ = ["DataLoaderTuning", "auto_workers", "rebuild_loader"]
 
 
 class DataLoaderParams(FixParams):
@@ -33,46 +36,6 @@ class DataLoaderParams(FixParams):
 
 def auto_workers() -> int:
     return max(1, min(MAX_AUTO_WORKERS, usable_cpus() - 1))
-
-
-def rebuild_loader(loader: Any, **overrides: Any) -> Any:
-    """A new DataLoader over ``loader``'s dataset, sampler and collate function, with
-    ``overrides`` (``batch_size``, ``num_workers``, ``pin_memory``, ...) replacing its settings.
-    Settings that only exist with workers are dropped when ``num_workers`` is 0."""
-    from torch.utils.data import DataLoader, IterableDataset
-
-    settings: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "persistent_workers": loader.persistent_workers,
-        "prefetch_factor": loader.prefetch_factor,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-    }
-    new_batch_size = overrides.pop("batch_size", None)
-    settings.update(overrides)
-    if not settings["num_workers"]:
-        settings["num_workers"] = 0
-        settings["persistent_workers"] = False
-        settings["prefetch_factor"] = None
-    dataset = loader.dataset
-    if isinstance(dataset, IterableDataset):
-        batching: dict[str, Any] = {
-            "batch_size": new_batch_size or loader.batch_size,
-            "drop_last": loader.drop_last,
-        }
-    elif loader.batch_size is None and new_batch_size is None:
-        batching = {"batch_sampler": loader.batch_sampler}  # the user's own batch sampler
-    else:
-        batching = {
-            "batch_size": new_batch_size or loader.batch_size,
-            "sampler": loader.sampler,
-            "drop_last": loader.drop_last,
-        }
-    return DataLoader(dataset, **batching, **settings)
 
 
 @register
@@ -102,7 +65,7 @@ class DataLoaderTuning(FixSpec):
             return False, f"{workers} workers on {cores} logical cores would oversubscribe the CPU"
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         if target.dataloader is None:
             raise UnsupportedFixError(
                 "dataloader.tuning changes a torch DataLoader: give the workload dataloader= "

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 
 # Values stay plain tokens so an exported line can never smuggle shell syntax. Matched with
 # fullmatch: "$" alone also matches before a trailing newline ("NCCL_ALGO\n" would pass).
@@ -21,7 +21,7 @@ _NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]+")
 class _Environment(FixSpec):
     kind = FixKind.ENVIRONMENT
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         raise UnsupportedFixError(
             f"{self.id} sets environment variables that are read when the process starts: export "
             "them (Recipe.to_env() / torchrun_command()) and restart, they are not applied live"
@@ -124,5 +124,5 @@ class SyncRemove(FixSpec):
         site = params.get("call_site")
         return f"{self.summary} Found at: {site}." if site else self.summary
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         raise UnsupportedFixError(f"sync.remove is advice: {self.describe(params)}")

@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, FixTarget, register
+from gpudiag.fixes.base import FixKind, FixParams, FixSpec, Step, register
 from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
 
 NEEDS_RANKS = (
@@ -106,7 +106,7 @@ class FsdpWrap(FixSpec):
             return False, NEEDS_RANKS
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch.distributed as dist
         from torch import nn
 

@@ -26,7 +26,7 @@ from gpudiag.fixes.spec import (
     FixKind,
     FixParams,
     FixSpec,
-    FixTarget,
+    Step,
     register,
     replace_forward,
 )
@@ -77,7 +77,7 @@ class TF32(FixSpec):
             )
         return _system.gpu_has(system, "tf32", "TF32", "8.0+", ": the flags would change nothing")
 
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> Any:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         return tf32_enabled()
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
@@ -130,7 +130,7 @@ class BF16(FixSpec):
             return ok, "" if ok else why
         return _system.gpu_has(system, "bf16", "bf16", "8.0+", "; try precision.fp16 instead")
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         if target.autocast_dtype is not None or target.scaler is not None:
@@ -184,7 +184,7 @@ class FP16(FixSpec):
             )
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         if target.autocast_dtype is not None or target.scaler is not None:
@@ -435,7 +435,7 @@ class FP8(FixSpec):
             + " keep their precision."
         )
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         import torch
 
         te, recipe = import_transformer_engine()

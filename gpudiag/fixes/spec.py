@@ -7,12 +7,12 @@ import enum
 import functools
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpudiag.errors import FixError, UnsupportedFixError
+from gpudiag.step import Step
 
 
 class FixKind(str, enum.Enum):
@@ -28,37 +28,6 @@ class FixParams(BaseModel):
     """Parameters of one fix: unknown names are rejected, values are typed and immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass
-class FixTarget:
-    """What the fixes of one trial (or one applied recipe) change.
-
-    ``model`` is the trial's own copy (or the user's model when a recipe is applied); a fix may
-    replace it with a wrapper (``torch.compile``). ``autocast_dtype`` and ``scaler`` are set by
-    the precision fixes and honoured by whoever runs the step: gpudiag's own step puts the
-    forward and loss under autocast and scales the loss; a plain step function runs entirely
-    under autocast; an applied recipe wraps ``model.forward``.
-    """
-
-    model: Any = None
-    optimizer: Any = None
-    step_fn: Callable[[], Any] | None = None
-    owns_step: bool = False  # gpudiag runs forward / loss / backward / optimizer itself
-    device_type: str = "cpu"
-    autocast_dtype: Any = None
-    scaler: Any = None
-    system: Any = None
-    notes: list[str] = field(default_factory=list)
-    # The batch gpudiag's own step feeds (set by the trial; the batch fixes change them).
-    batch_size: int | None = None  # samples per step of the workload as given
-    dataloader: Any = None  # the workload's DataLoader, or the trial's rebuilt one
-    micro_batch: int | None = None  # batch.size: samples per forward/backward
-    accumulation: int = 1  # batch.size: micro-batches per optimizer step
-    # Arms that share one model prepare their fixes again around every measured sample.
-    per_sample: bool = False
-    # The fix that captures CUDA graphs of the step ("" for none): see claim_graph_capture.
-    graph_capture: str = ""
 
 
 class FixSpec:
@@ -128,10 +97,10 @@ class FixSpec:
     def describe(self, params: Mapping[str, Any]) -> str:
         return self.summary
 
-    def prepare(self, params: Mapping[str, Any], target: FixTarget, stack: ExitStack) -> None:
+    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         return None
 
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> AbstractContextManager[Any]:
+    def scope(self, params: Mapping[str, Any], target: Step) -> AbstractContextManager[Any]:
         return nullcontext()
 
     def env(self, params: Mapping[str, Any]) -> dict[str, str]:
@@ -164,8 +133,8 @@ def _model_device_type(model: Any) -> str | None:
     return str(first.device.type)
 
 
-def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
-    """Make ``target.autocast_dtype`` take effect outside gpudiag's own step (see FixTarget)."""
+def honour_autocast(target: Step, stack: ExitStack) -> None:
+    """Make ``target.autocast_dtype`` take effect outside gpudiag's own step (see Step)."""
     if target.autocast_dtype is None:
         return
     import torch
@@ -186,7 +155,7 @@ def honour_autocast(target: FixTarget, stack: ExitStack) -> None:
     replace_forward(model, forward, stack)
 
 
-def claim_graph_capture(target: FixTarget, by: str, stack: ExitStack) -> None:
+def claim_graph_capture(target: Step, by: str, stack: ExitStack) -> None:
     """Record that ``by`` captures CUDA graphs of the trial's step, until ``stack`` closes.
 
     Two capturers (compile modes reduce-overhead / max-autotune, cuda.graphs) would nest

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from gpudiag.fixes.spec import FixKind, FixSpec, FixTarget, register
+from gpudiag.fixes.spec import FixKind, FixSpec, Step, register
 
 
 @contextmanager
@@ -44,7 +44,7 @@ class CudnnBenchmark(FixSpec):
             return False, "this torch build reports no cuDNN"
         return True, ""
 
-    def scope(self, params: Mapping[str, Any], target: FixTarget) -> Any:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         return cudnn_benchmark_enabled()
 
     def code(self, params: Mapping[str, Any]) -> list[str]:

@@ -118,7 +118,7 @@ def test_fsdp_cuts_every_ranks_peak_memory_on_the_demo_gpt() -> None:
     ddp = result.peak_bytes_per_rank("ddp (baseline)")
     fsdp = result.peak_bytes_per_rank("fsdp.wrap")
     assert all(
-        f is not None and d is not None and f < 0.85 * d for f, d in zip(fsdp, ddp, strict=True)
+        f is not None and d is not None and f < 0.9 * d for f, d in zip(fsdp, ddp, strict=True)
     )
     arm = result.arm("fsdp.wrap")
     assert arm.memory is not None

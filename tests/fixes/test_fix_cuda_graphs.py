@@ -20,7 +20,7 @@ from torch import nn
 from gpudiag.errors import ProbeError, UnsupportedFixError
 from gpudiag.experiment.runner import Arm, seed_everything
 from gpudiag.experiment.workload import Workload
-from gpudiag.fixes import Fix, FixTarget, apply_fixes, get_spec
+from gpudiag.fixes import Fix, Step, apply_fixes, get_spec
 from gpudiag.fixes import cuda_graphs as cg
 from gpudiag.fixes.cuda_graphs import GraphedForward
 from gpudiag.probe import cuda
@@ -113,9 +113,9 @@ def net() -> Net:
     return Net()
 
 
-def graphed(model: nn.Module, stack: ExitStack, **target: Any) -> FixTarget:
+def graphed(model: nn.Module, stack: ExitStack, **target: Any) -> Step:
     fix = Fix("cuda.graphs")
-    t = FixTarget(model=model, owns_step=True, device_type=target.pop("device_type", "cuda"))
+    t = Step(model=model, owns_step=True, device_type=target.pop("device_type", "cuda"))
     for key, value in target.items():
         setattr(t, key, value)
     fix.spec.prepare(fix.params, t, stack)
@@ -151,7 +151,7 @@ def test_supported_only_with_a_cuda_gpu(fixtures_dir: Path) -> None:
 
 
 def test_a_step_function_workload_is_refused() -> None:
-    target = FixTarget(model=net(), step_fn=lambda: None, owns_step=False, device_type="cuda")
+    target = Step(model=net(), step_fn=lambda: None, owns_step=False, device_type="cuda")
     with ExitStack() as stack, pytest.raises(UnsupportedFixError, match="step function"):
         Fix("cuda.graphs").spec.prepare({}, target, stack)
     assert "forward" not in vars(target.model)
@@ -328,7 +328,7 @@ def test_revert_restores_a_forward_the_instance_already_had(fake_graphs: FakeGra
 def test_compile_modes_that_capture_graphs_are_refused_either_way(mode: str) -> None:
     for first, second in [("compile", "cuda.graphs"), ("cuda.graphs", "compile")]:
         fixes = {"compile": Fix("compile", mode=mode), "cuda.graphs": Fix("cuda.graphs")}
-        target = FixTarget(model=net(), owns_step=True, device_type="cuda")
+        target = Step(model=net(), owns_step=True, device_type="cuda")
         with ExitStack() as stack:
             fixes[first].spec.prepare(fixes[first].params, target, stack)
             with pytest.raises(UnsupportedFixError, match="both capture CUDA graphs"):

@@ -26,7 +26,7 @@ from torch import nn
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.workload import Workload
-from gpudiag.fixes import Fix, FixTarget, get_spec
+from gpudiag.fixes import Fix, Step, get_spec
 from gpudiag.fixes.precision import fp8_linear_plan
 from gpudiag.probe.model import Gpu, GpuInfo, GpuState
 from gpudiag.probe.readings import ok
@@ -186,11 +186,9 @@ def net() -> Net:
     return Net()
 
 
-def prepare(
-    model: Any, stack: ExitStack, optimizer: Any = None, **params: Any
-) -> tuple[FixTarget, Fix]:
+def prepare(model: Any, stack: ExitStack, optimizer: Any = None, **params: Any) -> tuple[Step, Fix]:
     fix = Fix("precision.fp8", **params)
-    target = FixTarget(model=model, optimizer=optimizer, device_type="cuda", system=h100())
+    target = Step(model=model, optimizer=optimizer, device_type="cuda", system=h100())
     fix.spec.prepare(fix.params, target, stack)
     stack.enter_context(fix.spec.scope(fix.params, target))
     return target, fix
@@ -374,7 +372,7 @@ def test_a_given_optimizer_is_refused_not_left_on_the_old_parameters(fake_te: Re
     assert type(model.proj) is nn.Linear
     assert "forward" not in vars(model)
     fix = Fix("precision.fp8")
-    target = FixTarget(model=model, optimizer=optimizer, owns_step=True, device_type="cuda")
+    target = Step(model=model, optimizer=optimizer, owns_step=True, device_type="cuda")
     with ExitStack() as stack, pytest.raises(UnsupportedFixError, match="copies=True"):
         fix.spec.prepare(fix.params, target, stack)
 
@@ -382,9 +380,9 @@ def test_a_given_optimizer_is_refused_not_left_on_the_old_parameters(fake_te: Re
 def test_refuses_without_a_module_or_on_the_cpu(fake_te: Record) -> None:
     spec, params = get_spec("precision.fp8"), Fix("precision.fp8").params
     with ExitStack() as stack, pytest.raises(UnsupportedFixError, match=r"torch\.nn\.Module"):
-        spec.prepare(params, FixTarget(model=None, device_type="cuda"), stack)
+        spec.prepare(params, Step(model=None, device_type="cuda"), stack)
     with ExitStack() as stack, pytest.raises(UnsupportedFixError, match="on the CPU"):
-        spec.prepare(params, FixTarget(model=net(), device_type="cpu"), stack)
+        spec.prepare(params, Step(model=net(), device_type="cpu"), stack)
 
 
 # -- in a trial -----------------------------------------------------------------------------------
