@@ -323,3 +323,26 @@ def test_doctor_cell_magic_on_a_model_of_your_own(lab: dict[str, Any], browser: 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "doctor-cell-magic.png"), full_page=True)
     page.close()
+
+
+def test_monitor_summary_after_stop_is_short(lab: dict[str, Any], browser: Any) -> None:
+    """`%gpudiag stop` after a 2-second replay of five recorded GPUs: one short card with the
+    metrics that have values and each N/A reason once (it was 110 rows, ~7,000 px tall)."""
+    page = run_notebook(
+        lab,
+        browser,
+        "monitor_summary.ipynb",
+        "%load_ext gpudiag\nimport time\n%gpudiag monitor --replay demo --interval 0.1\n"
+        "time.sleep(2)\n%gpudiag stop",
+    )
+    card = page.locator(".jp-OutputArea .gpudiag-card").last
+    card.wait_for(timeout=60_000)
+    text = card.inner_text()
+    assert "not recorded on" in text  # N/A reasons grouped, not one per row
+    assert "cpu_util_pct" not in text  # human labels, not ids
+    box = card.bounding_box()
+    assert box is not None
+    assert box["height"] < 1500, box
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    card.screenshot(path=str(ARTIFACTS / "monitor-summary.png"))
+    page.close()
