@@ -51,7 +51,7 @@ from gpudiag.analysis.memory_estimate import (
     format_bytes,
     normalize_precision,
 )
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import GpuDiagError, PlanError
 from gpudiag.specs import GpuSpec, lookup_gpu
 
 __all__ = [
@@ -62,10 +62,6 @@ __all__ = [
     "plan",
     "resolve_model",
 ]
-
-
-class PlanError(GpuDiagError, ValueError):
-    """A plan was asked for with arguments it cannot use."""
 
 
 # Assumptions, each stated in the Plan's notes.
