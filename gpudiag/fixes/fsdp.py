@@ -23,8 +23,8 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, FixTarget, register
 
 NEEDS_RANKS = (
     "fsdp.wrap shards across ranks and needs a process group: "
