@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpudiag import _views
+from gpudiag import _handoff, _views
 from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 
@@ -77,6 +77,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 # result's .plot() or .view() loads it on first use (the domain itself never imports it).
 _views.add_provider("gpudiag.plots")
 _views.add_provider("gpudiag.ui")
+# gd.compare(..., nproc=N) hands the trial to the multi-rank launcher, a layer above experiment.
+_handoff.register("compare_distributed", "gpudiag.distributed.compare:compare_distributed")
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
 _SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})

@@ -30,10 +30,10 @@ from typing import Any
 
 from gpudiag._report import html_grid, jsonable
 from gpudiag.analysis.stats import Measurement, speedup_ci, verdict
-from gpudiag.distributed.group import DistributedError
 from gpudiag.distributed.launch import torchrun
 from gpudiag.distributed.trial import CPU_MEMORY, DdpOptions
-from gpudiag.distributed.workload import WorkloadSpecError, check_picklable, spec_of
+from gpudiag.distributed.workload import check_picklable, spec_of
+from gpudiag.errors import DistributedError, WorkloadSpecError
 from gpudiag.experiment.compare import ArmResult, Comparison
 from gpudiag.experiment.drift import StepTrace, compare_traces
 from gpudiag.experiment.memory import PeakMemory
