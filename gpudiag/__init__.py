@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpudiag import _views
+from gpudiag import _handoff, _views
 from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 
@@ -51,6 +51,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Plan": ("gpudiag.experiment.plan", "Plan"),
     # Every error a user can cause (gpudiag.errors), as gd.<Name>Error.
     "ArgumentError": ("gpudiag.errors", "ArgumentError"),
+    "WorkloadSpecError": ("gpudiag.errors", "WorkloadSpecError"),
+    "DistributedError": ("gpudiag.errors", "DistributedError"),
+    "PlanError": ("gpudiag.errors", "PlanError"),
+    "MemoryMeasurementError": ("gpudiag.errors", "MemoryMeasurementError"),
+    "SnapshotError": ("gpudiag.errors", "SnapshotError"),
+    "MemoryEstimateError": ("gpudiag.errors", "MemoryEstimateError"),
     "FixConflictError": ("gpudiag.errors", "FixConflictError"),
     "FixError": ("gpudiag.errors", "FixError"),
     "OccupancyInputError": ("gpudiag.errors", "OccupancyInputError"),
@@ -71,6 +77,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 # result's .plot() or .view() loads it on first use (the domain itself never imports it).
 _views.add_provider("gpudiag.plots")
 _views.add_provider("gpudiag.ui")
+# gd.compare(..., nproc=N) hands the trial to the multi-rank launcher, a layer above experiment.
+_handoff.register("compare_distributed", "gpudiag.distributed.compare:compare_distributed")
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
 _SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})
@@ -141,13 +149,18 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
     from gpudiag.doctor import diagnose as diagnose
     from gpudiag.errors import ArgumentError as ArgumentError
+    from gpudiag.errors import DistributedError as DistributedError
     from gpudiag.errors import FixConflictError as FixConflictError
     from gpudiag.errors import FixError as FixError
+    from gpudiag.errors import MemoryEstimateError as MemoryEstimateError
+    from gpudiag.errors import MemoryMeasurementError as MemoryMeasurementError
     from gpudiag.errors import OccupancyInputError as OccupancyInputError
+    from gpudiag.errors import PlanError as PlanError
     from gpudiag.errors import ProbeError as ProbeError
     from gpudiag.errors import PrometheusParseError as PrometheusParseError
     from gpudiag.errors import RecipeError as RecipeError
     from gpudiag.errors import ReplayError as ReplayError
+    from gpudiag.errors import SnapshotError as SnapshotError
     from gpudiag.errors import SpecsError as SpecsError
     from gpudiag.errors import TraceError as TraceError
     from gpudiag.errors import TrialStateError as TrialStateError
@@ -155,6 +168,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.errors import UnsupportedFixError as UnsupportedFixError
     from gpudiag.errors import ViewError as ViewError
     from gpudiag.errors import WorkloadError as WorkloadError
+    from gpudiag.errors import WorkloadSpecError as WorkloadSpecError
     from gpudiag.experiment.compare import Comparison as Comparison
     from gpudiag.experiment.compare import compare as compare
     from gpudiag.experiment.estimate import estimate_memory as estimate_memory

@@ -72,21 +72,50 @@ class ViewError(GpuDiagError):
     """No figure or widget is registered for a result (the presentation layer is missing)."""
 
 
+class MemoryEstimateError(GpuDiagError, ValueError):
+    """A memory estimate was asked for with arguments it cannot use."""
+
+
+class SnapshotError(GpuDiagError):
+    """A memory snapshot file is missing, unsafe, or not a CUDA allocator snapshot."""
+
+
+class MemoryMeasurementError(GpuDiagError):
+    """A step's memory could not be traced or measured (the reason says why)."""
+
+
+class PlanError(GpuDiagError, ValueError):
+    """A plan was asked for with arguments it cannot use."""
+
+
+class DistributedError(GpuDiagError, RuntimeError):
+    """A distributed run could not start or finish (launch, rendezvous, a rank's failure)."""
+
+
+class WorkloadSpecError(GpuDiagError, ValueError):
+    """A workload description that a rank could not rebuild."""
+
+
 class GpuDiagWarning(UserWarning):
     """Something worth knowing that does not stop the work."""
 
 
 __all__ = [
     "ArgumentError",
+    "DistributedError",
     "FixConflictError",
     "FixError",
     "GpuDiagError",
     "GpuDiagWarning",
+    "MemoryEstimateError",
+    "MemoryMeasurementError",
     "OccupancyInputError",
+    "PlanError",
     "ProbeError",
     "PrometheusParseError",
     "RecipeError",
     "ReplayError",
+    "SnapshotError",
     "SpecsError",
     "TraceError",
     "TrialStateError",
@@ -94,4 +123,5 @@ __all__ = [
     "UnsupportedFixError",
     "ViewError",
     "WorkloadError",
+    "WorkloadSpecError",
 ]

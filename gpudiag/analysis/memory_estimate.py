@@ -30,12 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
-from gpudiag.errors import GpuDiagError
-
-
-class MemoryEstimateError(GpuDiagError, ValueError):
-    """A memory estimate was asked for with arguments it cannot use."""
-
+from gpudiag.errors import MemoryEstimateError
 
 CATEGORIES: tuple[str, ...] = (
     "parameters",

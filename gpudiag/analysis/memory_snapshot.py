@@ -26,12 +26,7 @@ from typing import Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import format_bytes
-from gpudiag.errors import GpuDiagError
-
-
-class SnapshotError(GpuDiagError):
-    """A memory snapshot file is missing, unsafe, or not a CUDA allocator snapshot."""
-
+from gpudiag.errors import SnapshotError
 
 DEFAULT_MAX_BYTES = 1 << 30  # a snapshot of a busy 80 GB GPU is tens of MB; refuse a runaway
 SAVE_PROTOCOL = 4  # what PyTorch's memory viewer accepts

@@ -21,10 +21,11 @@ COMMANDS: tuple[str, ...] = (
     "occupancy",
     "bench",
     "compare",
+    # the `doctor` command (alias `diagnose`, gpudiag.commands.ALIASES): one process, or
+    # every rank under torchrun; its module keeps the alias's name
     "diagnose",
     "recipe",
     "record",
-    "doctor",
     "memory",
     "plan",
 )

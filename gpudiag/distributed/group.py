@@ -12,15 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import DistributedError
 from gpudiag.probe import cuda
 
 # Set by torchrun (torch.distributed.run) in every rank's environment.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
-
-
-class DistributedError(GpuDiagError, RuntimeError):
-    """A distributed run could not start or finish (launch, rendezvous, a rank's failure)."""
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpudiag.distributed.group import DistributedError
+from gpudiag.errors import DistributedError
 from gpudiag.probe.host import usable_cpus
 
 
 def _package_root() -> str:
-    import gpudiag
-
-    return str(Path(gpudiag.__file__).resolve().parents[1])
+    """The folder that holds the ``gpudiag`` package (this file is gpudiag/distributed/)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def torchrun(

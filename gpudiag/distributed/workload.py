@@ -21,12 +21,8 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import WorkloadSpecError
 from gpudiag.experiment.workload import Workload
-
-
-class WorkloadSpecError(GpuDiagError, ValueError):
-    """A workload description that a rank could not rebuild."""
 
 
 def spec_of(workload: Any) -> str:

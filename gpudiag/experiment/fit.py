@@ -14,6 +14,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
 from gpudiag.errors import GpuDiagError
@@ -83,10 +84,7 @@ class FitResult:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.memory import whatif_figure
-
-        rows = [(w.label, w.breakdown) for w in self.whatifs if w.peak_bytes is not None]
-        return whatif_figure(rows, budget_bytes=self.budget_bytes)
+        return _views.build("figure", self)
 
     def _summary(self) -> str:
         if self.micro_batch is None:

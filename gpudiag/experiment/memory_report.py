@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_bytes
 from gpudiag.experiment.runner import Arm
@@ -285,9 +286,7 @@ class MemoryReport:
         )
 
     def plot(self) -> Any:
-        from gpudiag.plots.memory import timeline_figure
-
-        return timeline_figure(self.timeline, title=f"Memory of one step: {self.workload}")
+        return _views.build("figure", self)
 
     def _rows(self) -> list[tuple[str, str, str]]:
         est = self.estimate.breakdown if self.estimate else {}

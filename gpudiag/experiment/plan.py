@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
@@ -50,7 +51,7 @@ from gpudiag.analysis.memory_estimate import (
     format_bytes,
     normalize_precision,
 )
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import GpuDiagError, PlanError
 from gpudiag.specs import GpuSpec, lookup_gpu
 
 __all__ = [
@@ -61,10 +62,6 @@ __all__ = [
     "plan",
     "resolve_model",
 ]
-
-
-class PlanError(GpuDiagError, ValueError):
-    """A plan was asked for with arguments it cannot use."""
 
 
 # Assumptions, each stated in the Plan's notes.
@@ -331,9 +328,7 @@ class Plan:
 
     def plot(self, top: int = 12) -> Any:
         """A plotly bar chart of the fastest layouts' step time by part (needs plotly)."""
-        from gpudiag.plots.plan import plan_figure
-
-        return plan_figure(self, top=top)
+        return _views.build("figure", self, top)
 
     def _head(self) -> str:
         return (

@@ -10,7 +10,7 @@ False keeps them until the backward, ZeRO-2-like: more memory, one all-gather le
 
 It needs a process group: inside a torchrun job it applies to each rank's model; from a
 notebook, ``gd.compare(workload, fixes=["fsdp.wrap"], nproc=2)`` launches the ranks (see
-gpudiag.experiment.distributed). Sharding cannot be undone on a module, so it is applied to a
+gpudiag.distributed.compare). Sharding cannot be undone on a module, so it is applied to a
 trial's own model (or, through a recipe, to a training script's model for good). Runs for
 real with gloo on a CPU; the NCCL path is untested on a real GPU.
 """
@@ -23,8 +23,8 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.base import FixKind, FixParams, FixSpec, Step, register
 from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
+from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 
 NEEDS_RANKS = (
     "fsdp.wrap shards across ranks and needs a process group: "

@@ -15,8 +15,8 @@ import contextlib
 import io
 from typing import Any
 
-from gpudiag.cli.memory import add_arguments as _add_cli_arguments
-from gpudiag.cli.memory import compute
+from gpudiag.commands.memory import add_arguments as _add_cli_arguments
+from gpudiag.commands.memory import compute
 from gpudiag.errors import GpuDiagError
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.cli.plan import add_arguments as _add_cli_arguments
-from gpudiag.cli.plan import compute
+from gpudiag.commands.plan import add_arguments as _add_cli_arguments
+from gpudiag.commands.plan import compute
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

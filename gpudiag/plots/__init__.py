@@ -15,6 +15,9 @@ _FIGURES = {
     "gpudiag.bench.memory.BandwidthResult": "gpudiag.plots.bench:bandwidth_figure",
     "gpudiag.bench.sdpa.AttentionResult": "gpudiag.plots.bench:attention_figure",
     "gpudiag.experiment.compare.Comparison": "gpudiag.plots.compare:comparison_figure",
+    "gpudiag.experiment.fit.FitResult": "gpudiag.plots.memory:fit_figure",
+    "gpudiag.experiment.memory_report.MemoryReport": "gpudiag.plots.memory:memory_report_figure",
+    "gpudiag.experiment.plan.Plan": "gpudiag.plots.plan:plan_figure",
 }
 
 for _type_name, _builder in _FIGURES.items():

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gpudiag.experiment.fit import FitResult
+    from gpudiag.experiment.memory_report import MemoryReport
     from gpudiag.profiling.memory import MemoryTimeline
 
 _MIB = 2**20
@@ -84,3 +86,14 @@ def whatif_figure(
         )
     fig.update_layout(title=title, barmode="stack", yaxis_title="peak MiB")
     return fig
+
+
+def memory_report_figure(report: MemoryReport) -> Any:
+    """``MemoryReport.plot()``: the measured step's timeline, titled with its workload."""
+    return timeline_figure(report.timeline, title=f"Memory of one step: {report.workload}")
+
+
+def fit_figure(result: FitResult) -> Any:
+    """``FitResult.plot()``: one bar per what-if that has a peak, the budget as a line."""
+    rows = [(w.label, w.breakdown) for w in result.whatifs if w.peak_bytes is not None]
+    return whatif_figure(rows, budget_bytes=result.budget_bytes)

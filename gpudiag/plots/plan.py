@@ -14,7 +14,7 @@ PART_COLORS: dict[str, str] = {
 }
 
 
-def plan_figure(plan: Plan, *, top: int = 12) -> Any:
+def plan_figure(plan: Plan, top: int = 12) -> Any:
     """Horizontal stacked bars (seconds per step) for the ``top`` fastest layouts, fastest on
     top; the hover says the memory per GPU and the exposed communication by kind."""
     import plotly.graph_objects as go

@@ -31,12 +31,7 @@ from typing import Any
 
 from gpudiag._report import jsonable
 from gpudiag.analysis.memory_estimate import CATEGORIES
-from gpudiag.errors import GpuDiagError
-
-
-class MemoryMeasurementError(GpuDiagError):
-    """A step's memory could not be traced or measured (the reason says why)."""
-
+from gpudiag.errors import MemoryMeasurementError
 
 # torch.profiler._memory_profiler.Category names -> gpudiag categories. Buffers and the step's
 # inputs are both "INPUT" to the profiler; autograd's own tensors are temporaries of backward.

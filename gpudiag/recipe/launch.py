@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from gpudiag.errors import RecipeError
-from gpudiag.recipe.model import check_env_name, env_value
+from gpudiag.recipe.shell import check_env_name, env_value
 
 _NPROC_WORDS = ("gpu", "cpu", "auto")
 _NNODES = re.compile(r"[1-9][0-9]{0,4}(:[1-9][0-9]{0,4})?")  # N or MIN:MAX (elastic)

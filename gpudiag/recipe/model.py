@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpudiag._report import card, esc, html_grid, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflicts
+from gpudiag.recipe.shell import check_env_name, env_value
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "gpudiag.recipe"
@@ -25,29 +25,6 @@ RECIPE_KIND = "gpudiag.recipe"
 MAX_DEPTH = 16
 MAX_BYTES = 4 * 1024 * 1024
 MAX_NODES = 100_000
-# POSIX shell variable names (IEEE Std 1003.1, "Name"); fullmatch, since "$" alone would let
-# a name with a trailing newline through and inject a line into an exported script.
-ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
-
-
-def check_env_name(name: str) -> str:
-    """``name`` if it is a safe environment variable name, else RecipeError."""
-    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-        raise RecipeError(
-            f"{name!r} is not an environment variable name gpudiag exports: capitals, digits and "
-            "underscores, not starting with a digit ([A-Z_][A-Z0-9_]*)"
-        )
-    return name
-
-
-def env_value(value: str) -> str:
-    """``value`` quoted for a POSIX shell; RecipeError for a NUL or a line break, which no
-    environment variable of a launch needs and which would split an exported line."""
-    if not isinstance(value, str) or any(c in value for c in "\0\n\r"):
-        raise RecipeError(
-            f"environment value {value!r} holds a NUL or a line break: refused in exports"
-        )
-    return shlex.quote(value)
 
 
 def _shape_problem(data: Any) -> str | None:

@@ -11,11 +11,11 @@ import torch
 
 import gpudiag as gd
 from gpudiag import workloads
+from gpudiag.distributed.compare import DistributedComparison, launch
 from gpudiag.distributed.group import DistributedError
 from gpudiag.distributed.trial import run_rank
 from gpudiag.distributed.workload import WorkloadSpecError, build
 from gpudiag.errors import GpuDiagError
-from gpudiag.experiment.distributed import DistributedComparison, launch
 from gpudiag.experiment.trial import GlobalState
 
 

@@ -13,7 +13,8 @@ from gpudiag.errors import RecipeError
 from gpudiag.fixes import Fix
 from gpudiag.fixes.environment import NcclEnv
 from gpudiag.recipe import Recipe
-from gpudiag.recipe.model import MAX_DEPTH, check_env_name, env_value
+from gpudiag.recipe.model import MAX_DEPTH
+from gpudiag.recipe.shell import check_env_name, env_value
 
 ALIAS_BOMB = "".join(
     f"{name}: &{name} [{', '.join([f'*{prev}' if prev else 'x'] * 10)}]\n"

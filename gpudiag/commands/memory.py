@@ -1,0 +1,116 @@
+"""Memory of a training step: estimate, measure, explain an out-of-memory, find what fits.
+
+gpudiag memory gpt --set seq_len=512 --batch-size 8      # estimate + measured step
+gpudiag memory gpt --budget 512MiB --fit                  # largest micro-batch, what-ifs
+gpudiag memory --config config.json --seq-len 4096        # a transformer config (formula)
+gpudiag memory --snapshot oom_snapshot.pickle             # a torch.cuda memory snapshot
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from typing import Any
+
+from gpudiag.commands.compare import parse_overrides
+from gpudiag.errors import GpuDiagError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "workload", nargs="?", default=None, help="a demo workload: gpt, mlp, cnn (default gpt)"
+    )
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="change the demo")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None, help="with --config")
+    parser.add_argument("--precision", default=None, help="fp32, bf16 or fp16")
+    parser.add_argument("--optimizer", default=None, help="adamw, adam, sgd, sgd_momentum, ...")
+    parser.add_argument(
+        "--checkpointing", action="store_true", help="with activation checkpointing"
+    )
+    parser.add_argument("--parallelism", default=None, help="e.g. fsdp:8, ddp:4,tp:2")
+    parser.add_argument("--budget", default=None, help="memory cap, e.g. 512MiB or 8GiB")
+    parser.add_argument("--fit", action="store_true", help="largest micro-batch + what-ifs")
+    parser.add_argument(
+        "--estimate-only", action="store_true", help="estimate without running the step"
+    )
+    parser.add_argument("--config", default=None, help="a transformer config (JSON file)")
+    parser.add_argument(
+        "--inference", action="store_true", help="with --config: generation, with KV cache"
+    )
+    parser.add_argument("--snapshot", default=None, help="a _dump_snapshot() pickle to explain")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def compute(args: argparse.Namespace, workload: Any = None) -> tuple[Any, Any]:
+    """(the result object, its findings) for the arguments; ``workload`` overrides the demo."""
+    from gpudiag.rules.memory import memory_findings
+
+    if args.snapshot:
+        from gpudiag.analysis.memory_snapshot import analyze_memory_snapshot
+
+        snap = analyze_memory_snapshot(args.snapshot)
+        return snap, memory_findings(snapshot=snap)
+    from gpudiag.experiment.estimate import estimate_memory
+
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as fh:
+                config = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise GpuDiagError(f"could not read the config {args.config}: {exc}") from None
+        est = estimate_memory(
+            config,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            precision=args.precision,
+            optimizer=args.optimizer,
+            checkpointing=args.checkpointing or None,
+            parallelism=args.parallelism,
+            training=not args.inference,
+        )
+        from gpudiag.experiment.memory_report import parse_budget
+
+        return est, memory_findings(estimate=est, budget_bytes=parse_budget(args.budget))
+    if workload is None:
+        from gpudiag import workloads
+
+        workload = workloads.get(args.workload or "gpt", **parse_overrides(args.set))
+    if args.batch_size is not None:
+        workload = copy.copy(workload)  # the user's workload keeps its batch size
+        workload.batch_size = int(args.batch_size)
+    if args.fit:
+        from gpudiag.experiment.fit import fit
+
+        result = fit(workload, args.budget)
+        return result, memory_findings(fit=result)
+    if args.estimate_only:
+        est = estimate_memory(
+            workload,
+            precision=args.precision,
+            optimizer=args.optimizer,
+            checkpointing=args.checkpointing or None,
+            parallelism=args.parallelism,
+        )
+        from gpudiag.experiment.memory_report import parse_budget
+
+        return est, memory_findings(estimate=est, budget_bytes=parse_budget(args.budget))
+    from gpudiag.experiment.estimate import memory_fixes
+    from gpudiag.experiment.memory_report import memory
+
+    report = memory(
+        workload, fixes=memory_fixes(args.precision, args.checkpointing), budget=args.budget
+    )
+    return report, memory_findings(report=report)
+
+
+def run(args: argparse.Namespace) -> int:
+    result, findings = compute(args)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "findings": findings.to_dict()}, indent=2))
+    else:
+        print(repr(result))
+        for finding in findings.findings:
+            print("\n".join(finding.lines()))
+    return 0
