@@ -44,7 +44,7 @@ def store(path: Path) -> float:
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.outputs = _scrub(cell.outputs, str(REPO))
+            cell.outputs = [nbformat.from_dict(o) for o in _scrub(cell.outputs, str(REPO))]
             cell.metadata.pop("execution", None)
     nbformat.validator.normalize(nb)
     nbformat.write(nb, path)
