@@ -231,7 +231,7 @@ class Comparison:
                     spread,
                     throughput,
                     "baseline" if a.is_baseline else (str(a.speedup) if a.speedup else "n/a"),
-                    "" if a.is_baseline else (a.verdict or f"error: {a.error}"),
+                    "" if a.is_baseline else _verdict_cell(a),
                     str(a.memory) if a.memory else "n/a",
                     "" if a.is_baseline else (str(a.drift) if a.drift else "n/a"),
                 ]
@@ -818,6 +818,16 @@ def _timing_phase(
     for arm in active:
         stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
     return rounds, stops, wall() - t0
+
+
+def _verdict_cell(arm: ArmResult) -> str:
+    """An arm's verdict, its error, or why it has neither (a time budget that allowed under two
+    rounds gives no interval to judge by)."""
+    if arm.verdict:
+        return arm.verdict
+    if arm.error:
+        return f"error: {arm.error}"
+    return f"not judged: {arm.step_time.n} round(s), at least 2 needed"
 
 
 def _verdict_phase(

@@ -210,3 +210,20 @@ def test_combination_arm_and_json_report(fake_clock: Any, bf16_cpu: Any) -> None
     assert data["arms"][0]["verdict"] == "faster"
     assert data["arms"][0]["step_time"]["samples_s"]
     assert "precision.bf16" in repr(c)
+
+
+def test_one_round_is_not_judged_and_says_so(fake_clock: Any, bf16_cpu: Any) -> None:
+    # A time budget that allows one round gives no interval: the table says why there is no
+    # verdict (it used to print "error: None").
+    c = run(
+        fake_clock,
+        bf16_cpu,
+        fake_step(fake_clock),
+        ["precision.bf16"],
+        time_budget_s=1e-6,
+    )
+    assert c.rounds == 1
+    (arm,) = [a for a in c.arms if not a.is_baseline]
+    assert (arm.verdict, arm.error) == (None, None)
+    assert "not judged: 1 round(s), at least 2 needed" in repr(c)
+    assert "error: None" not in repr(c) + c._repr_html_()
