@@ -481,6 +481,16 @@ class Step:
         wl.batch_size = micro
         return itertools.repeat([wl.make_batch()] * parts)
 
+    def next_micro_batches(self) -> list[Any]:
+        """The micro-batches of the next step, taken from the step's batches (the step run
+        after this call gets the ones that follow); empty when there are none (a step
+        function, or a step never opened)."""
+        if self._batches is None and self.workload is not None and self.workload.owns_step:
+            self.open()
+        if self._batches is None:
+            return []
+        return list(next(self._batches))
+
     def feed(self, micro_batches: list[Any]) -> None:
         """Run every step on these micro-batches (instead of the workload's batches)."""
         self._batches = itertools.repeat(list(micro_batches))

@@ -59,7 +59,7 @@ def measure_timeline(
                 arm.step()
                 if budget_bytes is None:
                     return measure_step_timeline(arm.step, device=str(workload.device))
-                batch = next(arm.target._batches) if arm.target._batches is not None else []
+                batch = arm.target.next_micro_batches()
                 track = [model, arm.target.optimizer, *_tensors(batch)]
 
                 def capped() -> None:
@@ -92,7 +92,7 @@ def capped_peak(
             arm.new_optimizer()
             with arm.active():
                 arm.step()
-                batch = next(arm.target._batches) if arm.target._batches is not None else []
+                batch = arm.target.next_micro_batches()
                 track = [model, arm.target.optimizer, *_tensors(batch)]
                 budget = MemoryBudget(budget_bytes, track=[t for t in track if t is not None])
                 try:
