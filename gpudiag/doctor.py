@@ -14,11 +14,14 @@ import inspect as _inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._progress import ProgressFn, resolve
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 __all__ = [
     "diagnose",
@@ -32,7 +35,7 @@ __all__ = [
 def diagnose(
     workload: Any = None,
     trace: Any = None,
-    system: Any = None,
+    system: SystemReport | None = None,
     samples: Any = None,
     code: str | None = None,
     *,

@@ -24,7 +24,7 @@ _MATH_OP = "aten::_scaled_dot_product_attention_math"
 @rule("attention.sdpa_math", category=CATEGORY, needs=("trace",))
 def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     """SDPA runs its math backend (the seq x seq matrix in memory), not a fused kernel."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     ops = trace.top_cpu_ops(10_000)
     math = [o for o in ops if o.name == _MATH_OP]
     if not math:
@@ -76,7 +76,7 @@ def _run_us(trace: Any, timed_on: str) -> float:
 def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Hand-written attention (matmul -> scale/mask -> softmax -> matmul) instead of a fused
     kernel, costed from the operator tree."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     use = trace.attention()
     if use.eager_calls == 0:
         return

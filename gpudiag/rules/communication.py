@@ -55,7 +55,7 @@ def _per_rank_evidence(rows: tuple[CommOverlap, ...], src: str) -> tuple[Evidenc
 @rule("comm.exposed", category=CATEGORY, needs=("gpu_trace",))
 def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Communication above 10 % of the GPU's time, 5 % or more of it with no compute alongside."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     comm = trace.communication()
     if comm is None or comm.span_us <= 0:
         return
@@ -120,7 +120,7 @@ def _median_span(trace: Any, report: Any) -> float:
 @rule("comm.late_rank", category=CATEGORY, needs=("trace",))
 def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
     """One rank's late starts hold the others inside the collectives (most of the waiting)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     if len(trace.ranks) < 2:
         return
     report = trace.collectives()

@@ -113,7 +113,7 @@ def _dtype_text(by_dtype: dict[str, float]) -> str:
 @rule("precision.tensor_cores", category=CATEGORY, needs=("gpu_trace",))
 def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Tensor-core-eligible matmul/convolution time that ran in fp32 on the CUDA cores."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     cc, name = trace_device(evidence)
     if cc is None:
         yield NotEvaluated("precision.tensor_cores", "the GPU's compute capability")
@@ -215,13 +215,13 @@ def _fp32_params(model: Any) -> bool:
 @rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
-    workload = evidence.workload
+    workload = evidence.workload_given
     if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
         return
     reduced = _reduced_precision_matmul_share(evidence.trace)
     if reduced is not None and reduced >= 0.5:
         return  # the step already autocasts: its matmuls ran in bf16/fp16
-    host = evidence.system.host
+    host = evidence.system_report.host
     if not host.cpu_bf16_instructions:
         return  # no bf16 instructions: bf16 would be emulated
     from gpudiag.fixes import Fix
@@ -229,7 +229,7 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     ok, _ = Fix("precision.bf16").supported(evidence.system, "cpu")
     if not ok:
         return
-    if evidence.system.is_recording:
+    if evidence.system_report.is_recording:
         return  # a recorded machine's CPU cannot be measured from here
     from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed
 

@@ -49,7 +49,7 @@ def _gpu_cc(evidence: EvidenceBundle) -> tuple[int, int] | None:
 
 
 def _system_source(evidence: EvidenceBundle) -> str:
-    return "recorded system" if evidence.system.is_recording else "system report"
+    return "recorded system" if evidence.system_report.is_recording else "system report"
 
 
 def matmul_tf32(runtime: Mapping[str, Any]) -> tuple[bool | None, Evidence | None]:
@@ -149,7 +149,7 @@ def trace_from_this_process(evidence: EvidenceBundle) -> bool:
     pid = (evidence.runtime or {}).get("pid")
     if pid is None:
         return False
-    for rank in getattr(evidence.trace, "ranks", ()):
+    for rank in evidence.trace.ranks if evidence.trace is not None else ():
         match = _PROFILE_FILE.search(os.path.basename(str(rank.path)))
         if match is not None and int(match.group(1)) == int(pid):
             return True
@@ -278,7 +278,7 @@ def _usable_cores(evidence: EvidenceBundle, runtime: Mapping[str, Any]) -> int |
     cores = runtime.get("cpu_affinity") or runtime.get("cpu_count")
     if not cores:
         return None
-    physical = evidence.system.host.physical_cores.get()
+    physical = evidence.system_report.host.physical_cores.get()
     if physical:
         cores = min(int(cores), int(physical))
     local_ranks = evidence.env.get("LOCAL_WORLD_SIZE", "1")

@@ -127,7 +127,7 @@ def _dims_text(dims: list[tuple[str, int, int]]) -> str:
 @rule(RULE, category=CATEGORY, needs=("gpu_trace",))
 def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Hot GEMMs whose M, N or K is not a multiple of 16 bytes run below tensor-core speed."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     cc, name = trace_device(evidence)
     if cc is None:
         yield NotEvaluated(RULE, "the GPU's compute capability")

@@ -64,7 +64,7 @@ def _outermost(syncs: list[Any]) -> list[Any]:
 @rule("sync.host_sync", category=CATEGORY, needs=("trace",))
 def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The host waits for the GPU inside the step (``.item()``, blocking copies, synchronize)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     if not trace.has_gpu_events:
         yield from _host_conversions_on_cpu(trace)
         return
