@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "attention"
 
@@ -60,7 +63,7 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     )
 
 
-def _run_us(trace: Any, timed_on: str) -> float:
+def _run_us(trace: TraceReport, timed_on: str) -> float:
     """The time a share of the run is taken of: the GPU span on a GPU trace; the steps (or
     the outermost operator) on a CPU-only one, where operators' own time is their work."""
     if timed_on == "gpu":

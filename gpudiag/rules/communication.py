@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "communication"
 
@@ -98,7 +101,7 @@ LATE_MEDIUM = 0.05
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
 
-def _median_span(trace: Any, report: Any) -> float:
+def _median_span(trace: TraceReport, report: Any) -> float:
     """The median rank's profiled time: its steps in the window, else its GPU span, else the
     time its matched collectives cover."""
     spans = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
 from gpudiag.rules._facts import span_us, trace_device, trace_source
@@ -18,6 +18,9 @@ from gpudiag.rules.finding import (
     Severity,
     severity_for_gain,
 )
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "precision"
 
@@ -65,7 +68,7 @@ class _Fp32Work:
     read_from: str
 
 
-def _fp32_work(trace: Any, unused_us: float) -> _Fp32Work | None:
+def _fp32_work(trace: TraceReport, unused_us: float) -> _Fp32Work | None:
     """How much of ``unused_us`` (eligible time off tensor cores) ran in fp32 (None: the
     trace says no dtype). The operators' recorded input types decide; kernel names only when
     the trace has none. Time not tied to a typed operator (backward kernels) is split as the
@@ -195,10 +198,9 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     )
 
 
-def _reduced_precision_matmul_share(trace: Any) -> float | None:
+def _reduced_precision_matmul_share(trace: TraceReport | None) -> float | None:
     """Share of the trace's matmul host time spent with bf16/fp16 inputs (None: no shapes)."""
-    shapes = getattr(trace, "gemm_shapes", None) if trace is not None else None
-    gemms = [g for g in shapes() if g.dtype is not None] if callable(shapes) else []
+    gemms = [g for g in trace.gemm_shapes() if g.dtype is not None] if trace is not None else []
     total = sum(g.cpu_us for g in gemms)
     if total <= 0:
         return None

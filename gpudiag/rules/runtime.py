@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules._facts import gpu_label, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "runtime"
 SOURCE = "torch switches (this process)"
@@ -161,7 +164,7 @@ def _is_conv(kernel: Any) -> bool:
     return "conv" in op.lower() if op else bool(_CONV_KERNEL.search(kernel.name))
 
 
-def conv_time(trace: Any) -> tuple[float, float]:
+def conv_time(trace: TraceReport) -> tuple[float, float]:
     """Convolution kernel time and all compute kernel time (microseconds) in the trace."""
     compute = [k for k in trace.kernels() if k.category == "compute"]
     total = sum(k.total_us for k in compute)
@@ -172,7 +175,7 @@ def conv_time(trace: Any) -> tuple[float, float]:
 def cudnn_switches(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """cuDNN disabled, or cudnn.benchmark off, while convolutions take GPU time."""
     runtime = evidence.runtime or {}
-    conv_us, compute_us = conv_time(evidence.trace)
+    conv_us, compute_us = conv_time(evidence.trace_report)
     share = conv_us / compute_us if compute_us > 0 else 0.0
     if share < CONV_SHARE or runtime.get("cudnn_available") is False:
         return
