@@ -152,10 +152,10 @@ class Diagnosis:
     evaluated: tuple[str, ...]
     sources: tuple[str, ...] = ()
     # The workload the evidence came from, so a fix can be tried on it (``try_fix``).
-    workload: Any = field(default=None, repr=False, compare=False)
+    workload: Workload | None = field(default=None, repr=False, compare=False)
     system: SystemReport | None = field(default=None, repr=False, compare=False)
     # The trace the findings read (a TraceReport), so a front end can show where time went.
-    trace: Any = field(default=None, repr=False, compare=False)
+    trace: TraceReport | None = field(default=None, repr=False, compare=False)
     # What ``try_fix`` runs: ``trial(workload, fixes, system=..., **options)``; set by the one
     # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
     trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
