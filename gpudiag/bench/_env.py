@@ -144,7 +144,7 @@ def cpu_model(system: SystemReport | None = None) -> str:
 def cpu_clock_mhz(system: SystemReport | None = None) -> Reading[float]:
     host = host_info(system)
     if host is not None and host.cpu_max_mhz.ok:
-        return ok(float(host.cpu_max_mhz.get()), host.cpu_max_mhz.source or "host")
+        return ok(float(host.cpu_max_mhz.get(0.0)), host.cpu_max_mhz.source or "host")
     from gpudiag.probe.host import cpu_max_mhz
 
     return cpu_max_mhz()  # a recorded report without the clock: this host's
@@ -180,7 +180,7 @@ def last_level_cache_bytes(target: Target, system: SystemReport | None = None) -
 
         reading = probed()  # a recorded report without the size: this host's
     if reading.ok:
-        return int(reading.get()), reading.source or "host"
+        return int(reading.get(0)), reading.source or "host"
     return _FALLBACK_CACHE_BYTES, "assumed (cache size unknown)"
 
 
@@ -279,7 +279,7 @@ def cpu_peak_tflops(dtype: str, system: SystemReport | None = None) -> Reading[f
     else:
         return na(Status.NOT_SUPPORTED, "no fp8 matrix instructions on this CPU", "estimate")
     cores = cpu_compute_cores()
-    mhz = float(clock.get())
+    mhz = float(clock.get(0.0))
     value = cores * mhz * 1e6 * per_cycle / 1e12
     source = (
         f"estimate: {cores} cores x {mhz:.0f} MHz ({clock.source}) x {per_cycle:g} FLOP/cycle "
