@@ -14,11 +14,17 @@ import inspect as _inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._progress import ProgressFn, resolve
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
+    from gpudiag.experiment.batch_scaling import BatchScaling
+    from gpudiag.probe.system import SystemReport
+    from gpudiag.step import Workload
 
 __all__ = [
     "diagnose",
@@ -30,16 +36,16 @@ __all__ = [
 
 
 def diagnose(
-    workload: Any = None,
-    trace: Any = None,
-    system: Any = None,
+    workload: Workload | str | None = None,
+    trace: TraceReport | str | os.PathLike[str] | None = None,
+    system: SystemReport | None = None,
     samples: Any = None,
     code: str | None = None,
     *,
     steps: int = 3,
     env: Mapping[str, str] | None = None,
     runtime: Mapping[str, Any] | None = None,
-    scaling: Any = True,
+    scaling: BatchScaling | bool = True,
     progress: bool | ProgressFn = True,
     collectives: Any = None,
 ) -> Diagnosis:
@@ -62,37 +68,45 @@ def diagnose(
     topology.
     """
     on_progress = resolve(progress)
+    wl: Workload | None
     if isinstance(workload, str):
         from gpudiag.workloads import get
 
-        workload = get(workload)
+        wl = get(workload)
+    else:
+        wl = workload
     if system is None:
         from gpudiag.probe.system import inspect
 
         system = inspect()
+    report: TraceReport | None
     if isinstance(trace, (str, os.PathLike)):
         from gpudiag.analysis.trace import analyze_trace
 
-        trace = analyze_trace(trace)
-    if trace is None and workload is not None:
-        trace = profile_workload(workload, steps=steps, on_progress=on_progress)
-    if code is None and workload is not None:
-        code = workload_source(workload)
+        report = analyze_trace(trace)
+    else:
+        report = trace
+    if report is None and wl is not None:
+        report = profile_workload(wl, steps=steps, on_progress=on_progress)
+    if code is None and wl is not None:
+        code = workload_source(wl)
     if runtime is None and not system.is_recording:
         # This process's switches describe this machine: a recorded machine's process is gone.
         from gpudiag.probe.runtime import runtime_state
 
         runtime = runtime_state()
     if scaling is True:
-        scaling = measure_batch_scaling(workload, on_progress=on_progress)
+        measured = measure_batch_scaling(wl, on_progress=on_progress)
+    else:
+        measured = scaling or None
     evidence = EvidenceBundle(
         system=system,
-        trace=trace,
+        trace=report,
         samples=samples,
-        workload=workload,
+        workload=wl,
         code=code,
         runtime=runtime,
-        batch_scaling=scaling or None,
+        batch_scaling=measured,
         collectives=collectives,
         env=dict(os.environ if env is None else env),
     )
@@ -106,7 +120,9 @@ def run_trial(workload: Any, fixes: list[Any], **compare_options: Any) -> Any:
     return compare.compare(workload, fixes=fixes, **compare_options)
 
 
-def measure_batch_scaling(workload: Any, on_progress: ProgressFn | None = None) -> Any:
+def measure_batch_scaling(
+    workload: Workload | None, on_progress: ProgressFn | None = None
+) -> BatchScaling | None:
     """``batch_scaling`` of the workload when its batch can be resized (None otherwise, or
     when the measurement itself fails: the rule then says it was not evaluated)."""
     from gpudiag.experiment.batch_scaling import batch_scaling, can_scale

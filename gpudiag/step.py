@@ -18,10 +18,13 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, html_table, jsonable
 from gpudiag.errors import WorkloadError
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 def move_to(batch: Any, device: Any) -> Any:
@@ -400,7 +403,7 @@ class Step:
     device_type: str = "cpu"
     autocast_dtype: Any = None
     scaler: Any = None
-    system: Any = None
+    system: SystemReport | None = None
     notes: list[str] = field(default_factory=list)
     # The batch of the step (from the workload; the batch fixes change them).
     batch_size: int | None = None  # samples per step of the workload as given
@@ -429,7 +432,7 @@ class Step:
         model: Any = None,
         *,
         device_type: str | None = None,
-        system: Any = None,
+        system: SystemReport | None = None,
         per_sample: bool = False,
     ) -> Step:
         """The step of ``workload`` on ``model`` (default: the workload's own model)."""
@@ -480,6 +483,16 @@ class Step:
                 return itertools.repeat(chunks)
         wl.batch_size = micro
         return itertools.repeat([wl.make_batch()] * parts)
+
+    def next_micro_batches(self) -> list[Any]:
+        """The micro-batches of the next step, taken from the step's batches (the step run
+        after this call gets the ones that follow); empty when there are none (a step
+        function, or a step never opened)."""
+        if self._batches is None and self.workload is not None and self.workload.owns_step:
+            self.open()
+        if self._batches is None:
+            return []
+        return list(next(self._batches))
 
     def feed(self, micro_batches: list[Any]) -> None:
         """Run every step on these micro-batches (instead of the workload's batches)."""

@@ -18,7 +18,7 @@ import ast
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, jsonable
@@ -31,6 +31,13 @@ from gpudiag.analysis.costed_ops import (
     dtype_of,
 )
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
+    from gpudiag.specs import GpuSpec
+
+    # what names the GPU whose ceilings a roofline draws (see ``roofline``)
+    GpuSource = SystemReport | GpuSpec | str | None
 
 MEMORY_BOUND = "memory-bound"
 COMPUTE_BOUND = "compute-bound"
@@ -491,7 +498,7 @@ def _outermost(ops: list[Any]) -> list[Any]:
 # --- ceilings ----------------------------------------------------------------------------------
 
 
-def _spec_of(system: Any, gpu_index: int) -> tuple[Any | None, str]:
+def _spec_of(system: GpuSource, gpu_index: int) -> tuple[Any | None, str]:
     """(GpuSpec-like, device name) from a SystemReport, a GpuSpec or a GPU name."""
     if system is None:
         return None, ""
@@ -516,7 +523,7 @@ def _spec_of(system: Any, gpu_index: int) -> tuple[Any | None, str]:
 
 
 def roofline(
-    system: Any = None,
+    system: GpuSource = None,
     points: Iterable[Any] = (),
     *,
     measured: Iterable[Any] = (),

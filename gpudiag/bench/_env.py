@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.bench.timing import Timer, host_timer
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
+
+if TYPE_CHECKING:
+    from gpudiag.probe.model import HostInfo
+    from gpudiag.probe.system import SystemReport
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -113,25 +116,17 @@ def sync_for(target: Target) -> Any:
 
 
 # --- host facts ------------------------------------------------------------------------------
-# The probe layer owns hardware facts (gpudiag.probe.host). It does not (yet) carry the CPU clock
-# or the L3 size; until it does, the two readers below fill in from /proc and /sys on Linux.
+# The probe layer owns hardware facts: a SystemReport's HostInfo, else a probe of this host.
 
 
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def host_info(system: Any = None) -> Any:
-    """The HostInfo of ``system`` (a SystemReport), else a fresh probe of this host."""
-    host = getattr(system, "host", None)
+def host_info(system: SystemReport | None = None) -> HostInfo | None:
+    """The HostInfo of ``system``, else a fresh probe of this host (None if that fails)."""
+    host = system.host if system is not None else None
     return host if host is not None else _probed_host()
 
 
 @functools.cache
-def _probed_host() -> Any:
+def _probed_host() -> HostInfo | None:
     try:
         from gpudiag.probe.host import probe_host
 
@@ -140,36 +135,24 @@ def _probed_host() -> Any:
         return None
 
 
-def cpu_model(system: Any = None) -> str:
+def cpu_model(system: SystemReport | None = None) -> str:
     host = host_info(system)
-    reading = getattr(host, "cpu_model", None)
-    return str(reading.value) if isinstance(reading, Reading) and reading.ok else "CPU"
+    reading = host.cpu_model if host is not None else None
+    return str(reading.value) if reading is not None and reading.ok else "CPU"
 
 
-def cpu_clock_mhz(system: Any = None) -> Reading[float]:
+def cpu_clock_mhz(system: SystemReport | None = None) -> Reading[float]:
     host = host_info(system)
-    for attr in ("cpu_max_mhz", "cpu_mhz"):
-        reading = getattr(host, attr, None)
-        if isinstance(reading, Reading) and reading.ok:
-            return ok(float(reading.get()), reading.source or "host")
-    text = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
-    if text and text.strip().isdigit():
-        return ok(int(text.strip()) / 1000.0, "cpufreq max")
-    text = _read("/proc/cpuinfo") or ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "cpu mhz":
-            try:
-                return ok(float(value), "/proc/cpuinfo (current clock)")
-            except ValueError:
-                break
-    return na(Status.NOT_SUPPORTED, "CPU clock unknown (no cpufreq or /proc/cpuinfo)", "host")
+    if host is not None and host.cpu_max_mhz.ok:
+        return ok(float(host.cpu_max_mhz.get(0.0)), host.cpu_max_mhz.source or "host")
+    from gpudiag.probe.host import cpu_max_mhz
+
+    return cpu_max_mhz()  # a recorded report without the clock: this host's
 
 
-def cpu_flags(system: Any = None) -> tuple[str, ...]:
+def cpu_flags(system: SystemReport | None = None) -> tuple[str, ...]:
     host = host_info(system)
-    flags = tuple(getattr(host, "cpu_flags", ()) or ())
-    return flags
+    return tuple(host.cpu_flags) if host is not None else ()
 
 
 def cpu_compute_cores() -> int:
@@ -181,7 +164,7 @@ def cpu_compute_cores() -> int:
     return max(1, min(int(torch.get_num_threads()), usable_cpus()))
 
 
-def last_level_cache_bytes(target: Target, system: Any = None) -> tuple[int, str]:
+def last_level_cache_bytes(target: Target, system: SystemReport | None = None) -> tuple[int, str]:
     """(bytes, where the number came from) of the cache a rotating input must outgrow."""
     if target.is_cuda:
         from gpudiag.probe import cuda
@@ -191,22 +174,13 @@ def last_level_cache_bytes(target: Target, system: Any = None) -> tuple[int, str
             return int(l2), "torch device properties (L2)"
         return _FALLBACK_CACHE_BYTES, "assumed (L2 size not reported)"
     host = host_info(system)
-    reading = getattr(host, "l3_cache_bytes", None)
-    if isinstance(reading, Reading) and reading.ok:
-        return int(reading.get()), reading.source or "host"
-    best = 0
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        entries = sorted(root.glob("index*"))
-    except OSError:
-        entries = []
-    for entry in entries:
-        size = _read(str(entry / "size"))
-        if size and size.strip()[:-1].isdigit():
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size.strip()[-1].upper(), 1)
-            best = max(best, int(size.strip()[:-1]) * scale)
-    if best:
-        return best, "/sys cache index (largest level)"
+    reading = host.l3_cache_bytes if host is not None else None
+    if reading is None or not reading.ok:
+        from gpudiag.probe.host import last_level_cache_bytes as probed
+
+        reading = probed()  # a recorded report without the size: this host's
+    if reading.ok:
+        return int(reading.get(0)), reading.source or "host"
     return _FALLBACK_CACHE_BYTES, "assumed (cache size unknown)"
 
 
@@ -259,7 +233,7 @@ def gpu_supports(target: Target, dtype: str) -> tuple[bool, str]:
 _FMA_UNITS = 2
 
 
-def cpu_peak_tflops(dtype: str, system: Any = None) -> Reading[float]:
+def cpu_peak_tflops(dtype: str, system: SystemReport | None = None) -> Reading[float]:
     """An ESTIMATED peak for a CPU: cores x clock x FLOPs/cycle from the vector extensions.
 
     The source text of the reading says it is an estimate and spells out the product. It is
@@ -305,7 +279,7 @@ def cpu_peak_tflops(dtype: str, system: Any = None) -> Reading[float]:
     else:
         return na(Status.NOT_SUPPORTED, "no fp8 matrix instructions on this CPU", "estimate")
     cores = cpu_compute_cores()
-    mhz = float(clock.get())
+    mhz = float(clock.get(0.0))
     value = cores * mhz * 1e6 * per_cycle / 1e12
     source = (
         f"estimate: {cores} cores x {mhz:.0f} MHz ({clock.source}) x {per_cycle:g} FLOP/cycle "
@@ -314,7 +288,7 @@ def cpu_peak_tflops(dtype: str, system: Any = None) -> Reading[float]:
     return ok(value, source)
 
 
-def peak_tflops(target: Target, dtype: str, system: Any = None) -> Reading[float]:
+def peak_tflops(target: Target, dtype: str, system: SystemReport | None = None) -> Reading[float]:
     """The dense peak for ``dtype``: the spec table on a GPU, an estimate on a CPU."""
     if not target.is_cuda:
         return cpu_peak_tflops(dtype, system)

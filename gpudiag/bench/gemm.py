@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
@@ -15,6 +15,9 @@ from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.readings import Reading
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # Relative Frobenius error allowed against a float64 product of the same (rounded) inputs: the
 # output rounding of the dtype plus accumulation error over K, with headroom.
@@ -218,7 +221,7 @@ def _shapes(sizes: Iterable[int | Sequence[int]]) -> list[tuple[int, int, int]]:
     return out
 
 
-def default_dtypes(target: _env.Target, system: Any = None) -> tuple[str, ...]:
+def default_dtypes(target: _env.Target, system: SystemReport | None = None) -> tuple[str, ...]:
     """The dtypes worth measuring on this device: those with a fast path."""
     if target.is_cuda:
         return tuple(d for d in _env.DTYPES if _env.gpu_supports(target, d)[0])
@@ -337,7 +340,7 @@ def matmul(
     repeats: int | None = None,
     warmup: int = 2,
     max_time_s: float | None = None,
-    system: Any = None,
+    system: SystemReport | None = None,
     progress: bool | ProgressFn = True,
     seed: int = 0,
 ) -> MatmulResult:

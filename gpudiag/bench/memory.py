@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
@@ -14,6 +14,9 @@ from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 KINDS: tuple[str, ...] = ("copy", "h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
 _MIB = 1 << 20
@@ -196,7 +199,7 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _theoretical(target: _env.Target, kind: str, system: Any) -> Reading[float]:
+def _theoretical(target: _env.Target, kind: str, system: SystemReport | None) -> Reading[float]:
     if kind == "copy":
         if not target.is_cuda:
             return na(Status.NOT_AVAILABLE, "host memory has no spec-table peak", "specs")
@@ -239,7 +242,7 @@ def bandwidth(
     repeats: int | None = None,
     warmup: int = 2,
     max_time_s: float | None = None,
-    system: Any = None,
+    system: SystemReport | None = None,
     progress: bool | ProgressFn = True,
 ) -> BandwidthResult:
     """Measure memory bandwidth per kind and transfer size (bytes per buffer).

@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
@@ -15,6 +15,9 @@ from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 BACKENDS: tuple[str, ...] = ("flash", "efficient", "cudnn", "math", "flash_attn", "te")
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -394,7 +397,7 @@ def attention(
     repeats: int | None = None,
     warmup: int = 2,
     max_time_s: float | None = None,
-    system: Any = None,
+    system: SystemReport | None = None,
     progress: bool | ProgressFn = True,
     seed: int = 0,
 ) -> AttentionResult:

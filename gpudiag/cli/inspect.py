@@ -2,33 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import json
+from gpudiag.commands.inspect import add_arguments, run
 
-from gpudiag.probe.system import inspect
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON (a snapshot)")
-    parser.add_argument(
-        "--replay",
-        metavar="FILE",
-        help="report a recorded machine: `nvidia-smi -q -x` XML, `nvidia-smi -q` or `nvidia-smi` "
-        "text, or a gpudiag JSON snapshot",
-    )
-    parser.add_argument(
-        "--topology",
-        metavar="FILE",
-        action="append",
-        help="how the recorded GPUs connect: `nvidia-smi topo -m` output (repeat the option to "
-        "add `nvidia-smi topo -p2p r` output of the same machine)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    report = inspect(replay=args.replay, topology=args.topology or None)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(report)
-    return 0
+__all__ = ["add_arguments", "run"]

@@ -12,8 +12,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from gpudiag._report import jsonable
+from gpudiag.commands.monitor import add_arguments as _add_shared_arguments
+from gpudiag.commands.monitor import start
 from gpudiag.errors import GpuDiagError
-from gpudiag.monitoring import Monitor, monitor
+from gpudiag.monitoring import Monitor
 from gpudiag.monitoring.metrics import DEFAULT_GPU_METRICS, DEFAULT_HOST_METRICS, metric_spec
 from gpudiag.monitoring.sampler import format_value
 
@@ -21,29 +23,12 @@ CLEAR = "\x1b[H\x1b[2J"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--interval", type=float, default=0.1, metavar="S", help="seconds between samples (0.1)"
-    )
+    _add_shared_arguments(parser)
     parser.add_argument(
         "--duration",
         type=float,
         metavar="S",
         help="stop after S seconds (default: until Ctrl-C; 5 s with --json)",
-    )
-    parser.add_argument(
-        "--replay",
-        metavar="FILE",
-        help="play a recording: a session from Monitor.save, an `nvidia-smi -q -x` dump, a "
-        "gpudiag snapshot, or 'demo'",
-    )
-    parser.add_argument(
-        "--exporter",
-        action="append",
-        metavar="URL",
-        help="a dcgm-exporter /metrics URL; repeat it to watch a cluster's GPUs",
-    )
-    parser.add_argument(
-        "--devices", metavar="LIST", help="comma-separated NVML indices or UUIDs (default: all)"
     )
     parser.add_argument(
         "--refresh", type=float, default=1.0, metavar="S", help="seconds between table redraws"
@@ -117,24 +102,12 @@ def samples_json(m: Monitor) -> dict[str, Any]:
     }
 
 
-def _devices(text: str | None) -> list[int | str] | None:
-    from gpudiag.commands.devices import parse_devices
-
-    return parse_devices(text)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     if args.refresh <= 0:
         raise GpuDiagError("--refresh must be a positive number of seconds")
     duration = args.duration if args.duration is not None else (5.0 if args.json else None)
-    m = monitor(
-        interval=args.interval,
-        devices=_devices(args.devices),
-        display=False,
-        replay=args.replay,
-        exporters=args.exporter,
-    )
+    m = start(args, display=False)
     live = stream.isatty() and not args.json
     started = time.monotonic()
     try:

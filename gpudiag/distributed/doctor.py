@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.nccl import CollectiveResult
@@ -26,6 +26,9 @@ from gpudiag.analysis.stragglers import RankTiming, Straggler, find_stragglers
 from gpudiag.distributed.group import RankEnv
 from gpudiag.probe import cuda
 from gpudiag.probe.host import load_average, usable_cpus
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 FORMAT = "gpudiag-distributed-doctor"
 # Variables that change how NCCL / gloo / torch.distributed communicate.
@@ -113,7 +116,7 @@ class RankEvidence:
 # --- inside every rank -------------------------------------------------------------------------
 
 
-def gpu_facts(local_rank: int, system: Any = None) -> dict[str, Any]:
+def gpu_facts(local_rank: int, system: SystemReport | None = None) -> dict[str, Any]:
     """The RankEvidence fields of this rank's GPU (its local index) from ``system`` (this
     machine's ``gd.inspect()`` when None; a recorded machine in tests)."""
     from gpudiag.probe.system import inspect

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._progress import ProgressFn, finish, report
 from gpudiag._report import jsonable
@@ -24,6 +24,9 @@ from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload
 from gpudiag.probe import cuda
 from gpudiag.probe.host import load_average, usable_cpus
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # A round times the small batch for at least this long (capped at MAX_STEPS steps).
 MIN_ROUND_S = 0.05
@@ -123,7 +126,7 @@ def batch_scaling(
     rounds: int = 3,
     steps: int | None = None,
     stop_below: float | None = None,
-    system: Any = None,
+    system: SystemReport | None = None,
     clock: Callable[[], float] | None = None,
     on_progress: ProgressFn | None = None,
 ) -> BatchScaling:
@@ -165,7 +168,7 @@ def _measure(
     rounds: int,
     steps: int | None,
     stop_below: float | None,
-    system: Any,
+    system: SystemReport | None,
     clock: Callable[[], float] | None,
     notes: list[str],
     on_progress: ProgressFn | None = None,

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, closed_on_error, finish, report, resolve
@@ -38,6 +38,9 @@ from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, FixKind, check_conflicts
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import cuda
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 FixLike = Fix | str
 ArmSpec = FixLike | Sequence[FixLike]
@@ -362,7 +365,7 @@ def _arm_fixes(spec: ArmSpec) -> tuple[Fix, ...]:
     )
 
 
-def _hardware(system: Any, device_type: str) -> tuple[str, dict[str, Any]]:
+def _hardware(system: SystemReport | None, device_type: str) -> tuple[str, dict[str, Any]]:
     host = fix_system.host(system)
     torch_info = getattr(host, "torch", None)
     version = torch_info.version.get("?") if torch_info is not None else "?"
@@ -379,7 +382,7 @@ def _hardware(system: Any, device_type: str) -> tuple[str, dict[str, Any]]:
     return f"CPU {cpu} ({cores} logical cores{bf16}), torch {version}", facts
 
 
-def _available_bytes(system: Any, device_type: str) -> int | None:
+def _available_bytes(system: SystemReport | None, device_type: str) -> int | None:
     if device_type == "cuda":
         info = cuda.mem_get_info()
         return None if info is None else info[0]
@@ -393,7 +396,7 @@ def compare(
     fixes: Iterable[ArmSpec] = (),
     *,
     combine: bool = False,
-    system: Any = None,
+    system: SystemReport | None = None,
     time_budget_s: float = 60.0,
     adaptive: bool = True,
     min_rounds: int = 5,
@@ -550,7 +553,7 @@ def _prepare_arms(
     fixes: Iterable[ArmSpec],
     combine: bool,
     workload: Workload,
-    system: Any,
+    system: SystemReport | None,
     device_type: str,
 ) -> tuple[list[tuple[Fix, ...]], list[tuple[str, str]]]:
     """The arms to measure (fix tuples, deduplicated, conflicts refused) and the skipped
@@ -579,7 +582,7 @@ def _prepare_arms(
 def _sharing(
     copies: bool | None,
     workload: Workload,
-    system: Any,
+    system: SystemReport | None,
     device_type: str,
     n_arms: int,
     notes: list[str],
@@ -597,7 +600,9 @@ def _sharing(
     return shared, isolation
 
 
-def _why_not(combo: tuple[Fix, ...], workload: Workload, system: Any, device_type: str) -> str:
+def _why_not(
+    combo: tuple[Fix, ...], workload: Workload, system: SystemReport | None, device_type: str
+) -> str:
     for fix in combo:
         blocker = fix.live_blocker()
         if blocker:
@@ -618,7 +623,7 @@ def _why_not(combo: tuple[Fix, ...], workload: Workload, system: Any, device_typ
 def _use_copies(
     copies: bool | None,
     workload: Workload,
-    system: Any,
+    system: SystemReport | None,
     device_type: str,
     n_arms: int,
     notes: list[str],
@@ -642,7 +647,7 @@ def _build_arms(
     arm_fixes: list[tuple[Fix, ...]],
     shared: bool,
     device_type: str,
-    system: Any,
+    system: SystemReport | None,
     notes: list[str],
 ) -> list[Arm]:
     arms = []

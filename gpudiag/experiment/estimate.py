@@ -128,8 +128,7 @@ def traced_peak(
         arm.open()
         try:
             arm.new_optimizer()
-            assert arm.target._batches is not None
-            batch = next(arm.target._batches)
+            batch = arm.target.next_micro_batches()
             inputs = [
                 t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)
             ]

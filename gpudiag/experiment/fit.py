@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
@@ -24,6 +24,9 @@ from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import cuda
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ class FitResult:
         return card(f"What fits: {self.workload}", head + grid + notes)
 
 
-def default_budget(workload: Workload, system: Any = None) -> tuple[int, str]:
+def default_budget(workload: Workload, system: SystemReport | None = None) -> tuple[int, str]:
     """The device's free memory: CUDA ``mem_get_info`` free, else the host's available RAM."""
     if workload.device_type == "cuda":
         info = cuda.mem_get_info()
@@ -177,7 +180,7 @@ def fit(
     *,
     confirm: bool = True,
     fsdp_degrees: tuple[int, ...] = (2, 4, 8),
-    system: Any = None,
+    system: SystemReport | None = None,
 ) -> FitResult:
     """The largest micro-batch of ``workload`` that fits ``memory_budget`` (bytes or "8GiB";
     default: the device's free memory), the accumulation that keeps its batch, and a what-if

@@ -12,7 +12,7 @@ import copy
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
@@ -25,6 +25,9 @@ from gpudiag.probe import cuda
 from gpudiag.probe.cuda_memory import allocator_stats
 from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
 from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded, OutOfMemory
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 def measure_timeline(
@@ -59,7 +62,7 @@ def measure_timeline(
                 arm.step()
                 if budget_bytes is None:
                     return measure_step_timeline(arm.step, device=str(workload.device))
-                batch = next(arm.target._batches) if arm.target._batches is not None else []
+                batch = arm.target.next_micro_batches()
                 track = [model, arm.target.optimizer, *_tensors(batch)]
 
                 def capped() -> None:
@@ -92,7 +95,7 @@ def capped_peak(
             arm.new_optimizer()
             with arm.active():
                 arm.step()
-                batch = next(arm.target._batches) if arm.target._batches is not None else []
+                batch = arm.target.next_micro_batches()
                 track = [model, arm.target.optimizer, *_tensors(batch)]
                 budget = MemoryBudget(budget_bytes, track=[t for t in track if t is not None])
                 try:
@@ -106,7 +109,7 @@ def capped_peak(
 
 
 def other_processes(
-    system: Any, cuda_index: int | None = None, own_pid: int | None = None
+    system: SystemReport | None, cuda_index: int | None = None, own_pid: int | None = None
 ) -> tuple[dict[str, Any], ...]:
     """Processes other than this one on the GPU (NVML, or a recording): pid, name, bytes
     (None when the driver does not say). ``cuda_index`` None: every GPU of the report."""
@@ -346,7 +349,7 @@ def memory(
     fixes: Any = (),
     estimate: bool = True,
     budget: Any = None,
-    system: Any = None,
+    system: SystemReport | None = None,
 ) -> MemoryReport:
     """Measure one training step's memory by category (real run on a copy), beside the
     traced estimate. ``fixes``: fix ids or ``gd.Fix`` objects to measure with (bf16,

@@ -6,13 +6,16 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.experiment.drift import StepTrace
 from gpudiag.fixes import Fix
 from gpudiag.fixes.base import ambient, transform
 from gpudiag.probe import cuda
 from gpudiag.step import Step, Workload, grad_norm, loss_value
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 __all__ = ["Arm", "grad_norm", "load_values", "loss_value", "seed_everything"]
 
@@ -48,7 +51,7 @@ class Arm:
     base_model: Any  # the arm's model before any wrapper (a deep copy, or the user's model)
     shared: bool  # the model is shared with other arms: model-level fixes apply per sample
     device_type: str
-    system: Any = None
+    system: SystemReport | None = None
     target: Step = field(default_factory=Step)
     samples_s: list[float] = field(default_factory=list)
     warmup_s: list[float] = field(default_factory=list)

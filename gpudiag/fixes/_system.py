@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudiag.probe.model import HostInfo
+    from gpudiag.probe.system import Gpu, SystemReport
 
 
 @dataclass(frozen=True)
@@ -33,52 +37,45 @@ def features(cc: tuple[int, int]) -> Any:
         )
 
 
-def current_system() -> Any:
+def current_system() -> SystemReport:
     """This machine's SystemReport (``gd.inspect()``)."""
     from gpudiag.probe.system import inspect
 
     return inspect()
 
 
-def cuda_gpus(system: Any) -> tuple[Any, ...]:
-    """GPUs torch can use; duck-typed so recorded or hand-built reports work too."""
-    gpus = getattr(system, "cuda_gpus", None)
-    if gpus is None:
-        gpus = tuple(
-            g
-            for g in getattr(system, "gpus", ())
-            if getattr(g.info, "cuda_index", None) is not None
-        )
-    return tuple(gpus)
+def cuda_gpus(system: SystemReport | None) -> tuple[Gpu, ...]:
+    """GPUs torch can use (none without a report)."""
+    return system.cuda_gpus if system is not None else ()
 
 
-def device_type_for(system: Any, device_type: str | None = None) -> str:
+def device_type_for(system: SystemReport | None, device_type: str | None = None) -> str:
     """'cuda' when the run uses a GPU, else 'cpu'. Without a hint: 'cuda' when one is visible."""
     if device_type is not None:
         return "cuda" if str(device_type).startswith("cuda") else "cpu"
     return "cuda" if cuda_gpus(system) else "cpu"
 
 
-def active_gpu(system: Any) -> Any | None:
+def active_gpu(system: SystemReport | None) -> Gpu | None:
     gpus = cuda_gpus(system)
     return gpus[0] if gpus else None
 
 
-def gpu_cc(system: Any) -> tuple[tuple[int, int] | None, str]:
+def gpu_cc(system: SystemReport | None) -> tuple[tuple[int, int] | None, str]:
     """(compute capability, GPU name) of the GPU a run would use; cc None when unknown."""
     gpu = active_gpu(system)
     if gpu is None:
         return None, "no GPU"
     cc = gpu.compute_capability
-    return (tuple(cc) if cc is not None else None), str(gpu.name)
+    return ((int(cc[0]), int(cc[1])) if cc is not None else None), str(gpu.name)
 
 
-def host(system: Any) -> Any:
-    return getattr(system, "host", None)
+def host(system: SystemReport | None) -> HostInfo | None:
+    return system.host if system is not None else None
 
 
-def cpu_flags(system: Any) -> tuple[str, ...]:
-    return tuple(getattr(host(system), "cpu_flags", ()) or ())
+def cpu_flags(system: SystemReport | None) -> tuple[str, ...]:
+    return tuple(system.host.cpu_flags) if system is not None else ()
 
 
 def package_installed(name: str) -> bool:
@@ -93,7 +90,9 @@ def cc_text(cc: tuple[int, int] | None) -> str:
     return "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
 
 
-def gpu_has(system: Any, feature: str, what: str, needed: str, hint: str = "") -> tuple[bool, str]:
+def gpu_has(
+    system: SystemReport | None, feature: str, what: str, needed: str, hint: str = ""
+) -> tuple[bool, str]:
     """Whether the run's GPU has the tensor-core ``feature`` (a ``specs.features`` flag such as
     ``"tf32"``), and the reason when it has not or cannot be told."""
     cc, name = gpu_cc(system)

@@ -11,13 +11,16 @@ import functools
 import importlib
 from collections.abc import Mapping
 from contextlib import ExitStack, nullcontext
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
 from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 Backend = Literal["sdpa", "flash", "efficient", "cudnn", "math", "flash_attn", "te", "eager"]
 
@@ -120,7 +123,7 @@ class AttentionBackend(FixSpec):
         return "Use the model's hand-written (eager) attention: softmax(QK^T)V."
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         backend = params.get("backend", "sdpa")
         if backend in ("sdpa", "math", "eager"):

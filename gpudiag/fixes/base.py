@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, html_table, jsonable
 from gpudiag.errors import FixConflictError, FixError, UnsupportedFixError
@@ -23,6 +23,9 @@ from gpudiag.fixes.spec import (
     to_float32,
 )
 from gpudiag.step import Step
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 def _load_all() -> None:
@@ -169,7 +172,9 @@ class Fix:
     def describe(self) -> str:
         return self.spec.describe(self._params)
 
-    def supported(self, system: Any = None, device_type: str | None = None) -> tuple[bool, str]:
+    def supported(
+        self, system: SystemReport | None = None, device_type: str | None = None
+    ) -> tuple[bool, str]:
         """(True, "") or (False, why not) for this machine (``gd.inspect()`` when not given)."""
         if system is None:
             system = _system.current_system()
@@ -177,7 +182,9 @@ class Fix:
             self._params, system, _system.device_type_for(system, device_type)
         )
 
-    def tryable(self, system: Any = None, device_type: str | None = None) -> tuple[bool, str]:
+    def tryable(
+        self, system: SystemReport | None = None, device_type: str | None = None
+    ) -> tuple[bool, str]:
         """Can gpudiag try it live in a trial here? (supported, implemented, not env/advice)."""
         blocker = self.live_blocker()
         if blocker:
@@ -206,7 +213,7 @@ class Fix:
         model: Any = None,
         optimizer: Any = None,
         *,
-        system: Any = None,
+        system: SystemReport | None = None,
         device_type: str | None = None,
         check: bool = True,
     ) -> AppliedFixes:
@@ -382,7 +389,7 @@ def apply_fixes(
     model: Any = None,
     optimizer: Any = None,
     *,
-    system: Any = None,
+    system: SystemReport | None = None,
     device_type: str | None = None,
     check: bool = True,
     skip_unsupported: bool = False,

@@ -10,7 +10,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpudiag.fixes import _system
 from gpudiag.fixes.spec import (
@@ -21,6 +21,9 @@ from gpudiag.fixes.spec import (
     claim_graph_capture,
     register,
 )
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # Triton, inductor's GPU code generator, supports compute capability 7.0 and newer
 # (Triton README, "Compatibility").
@@ -65,7 +68,7 @@ class Compile(FixSpec):
         return f"torch.compile(model, mode={mode!r}): fused kernels, fewer launches.{extra}"
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         try:
             import torch._dynamo as dynamo

@@ -34,7 +34,7 @@ import functools
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.errors import GpuDiagError, UnsupportedFixError
 from gpudiag.fixes import _system
@@ -47,6 +47,9 @@ from gpudiag.fixes.spec import (
     replace_forward,
 )
 from gpudiag.probe import cuda
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # make_graphed_callables' default: warm-up iterations on a side stream before the capture.
 NUM_WARMUP_ITERS = 3
@@ -282,7 +285,7 @@ class CudaGraphs(FixSpec):
     order = 95  # captures what the others built, compile's module included
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return False, "CUDA graphs exist only on NVIDIA GPUs"

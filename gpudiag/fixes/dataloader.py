@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -19,6 +19,9 @@ from gpudiag.fixes import _system
 from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
 from gpudiag.probe.host import usable_cpus
 from gpudiag.step import rebuild_loader
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # Workers chosen when none are given: one per spare CPU (the training process keeps one),
 # at most this many (more rarely helps a single GPU's input pipeline and costs memory).
@@ -55,7 +58,7 @@ class DataLoaderTuning(FixSpec):
         return f"{self.summary} (num_workers={'auto' if workers is None else workers})"
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         cores = getattr(
             getattr(_system.host(system), "logical_cores", None), "get", lambda d=None: d

@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # Values stay plain tokens so an exported line can never smuggle shell syntax. Matched with
 # fullmatch: "$" alone also matches before a trailing newline ("NCCL_ALGO\n" would pass).
@@ -43,7 +46,7 @@ class AllocatorConfig(_Environment):
     Params = AllocatorParams
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return False, "the CUDA caching allocator is not used on the CPU"
@@ -90,7 +93,7 @@ class NcclEnv(_Environment):
         return out
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return False, "NCCL runs only between NVIDIA GPUs (CPU jobs use gloo)"

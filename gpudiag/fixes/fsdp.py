@@ -20,11 +20,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
 from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 NEEDS_RANKS = (
     "fsdp.wrap shards across ranks and needs a process group: "
@@ -94,7 +97,7 @@ class FsdpWrap(FixSpec):
         return f"{self.summary} Shards {which} and the root, {after}{precision}."
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         try:
             import torch.distributed as dist

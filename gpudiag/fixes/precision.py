@@ -16,7 +16,7 @@ import importlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -30,6 +30,9 @@ from gpudiag.fixes.spec import (
     register,
     replace_forward,
 )
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 # Tensor cores for fp16 arrived with Volta (compute capability 7.0); below it fp16 autocast
 # runs but rarely pays off. Source: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities".
@@ -67,7 +70,7 @@ class TF32(FixSpec):
     order = 10
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return (
@@ -88,7 +91,7 @@ class TF32(FixSpec):
         ]
 
 
-def _cpu_low_precision(system: Any, dtype: str) -> tuple[bool, str]:
+def _cpu_low_precision(system: SystemReport | None, dtype: str) -> tuple[bool, str]:
     flags = _system.cpu_flags(system)
     host = _system.host(system)
     if dtype == "bf16":
@@ -123,7 +126,7 @@ class BF16(FixSpec):
     order = 10
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type == "cpu":
             ok, why = _cpu_low_precision(system, "bf16")
@@ -165,7 +168,7 @@ class FP16(FixSpec):
     order = 10
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type == "cpu":
             ok, why = _cpu_low_precision(system, "fp16")
@@ -409,7 +412,7 @@ class FP8(FixSpec):
     order = 10
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return (

@@ -7,12 +7,15 @@ import enum
 import functools
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpudiag.errors import FixError, UnsupportedFixError
 from gpudiag.step import Step
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 class FixKind(str, enum.Enum):
@@ -90,7 +93,7 @@ class FixSpec:
 
     # -- hooks ----------------------------------------------------------------------------
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         return True, ""
 

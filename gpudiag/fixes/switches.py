@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.fixes.spec import FixKind, FixSpec, Step, register
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 
 @contextmanager
@@ -33,7 +36,7 @@ class CudnnBenchmark(FixSpec):
     order = 30
 
     def supported(
-        self, params: Mapping[str, Any], system: Any, device_type: str
+        self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return False, "cuDNN runs only on NVIDIA GPUs: on the CPU the switch changes nothing"

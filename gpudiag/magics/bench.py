@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.commands.bench import add_arguments as _add_cli_arguments
-from gpudiag.commands.bench import benchmark_list, measure, multinode_command
+from gpudiag.commands.bench import add_arguments, benchmark_list, measure, multinode_command
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_cli_arguments(parser)
+__all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:

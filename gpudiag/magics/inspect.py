@@ -6,20 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.probe.system import SystemReport, inspect
+from gpudiag.commands.inspect import add_arguments, system_report
+
+__all__ = ["add_arguments", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--replay", metavar="FILE", help="nvidia-smi -q -x XML or a gpudiag snapshot"
-    )
-    parser.add_argument(
-        "--topology",
-        metavar="FILE",
-        action="append",
-        help="the recorded machine's `nvidia-smi topo -m` output (repeat for `topo -p2p r`)",
-    )
-
-
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> SystemReport:
-    return inspect(replay=args.replay, topology=args.topology or None)
+def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    """The report (its card in the notebook), or its dict with ``--json``."""
+    report = system_report(args)
+    return report.to_dict() if args.json else report

@@ -10,12 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.commands.plan import add_arguments as _add_cli_arguments
-from gpudiag.commands.plan import compute
+from gpudiag.commands.plan import add_arguments, compute
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_cli_arguments(parser)
+__all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpudiag.commands.recipe import add_arguments as _add_arguments
-from gpudiag.commands.recipe import render
+from gpudiag.commands.recipe import add_arguments, render
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_arguments(parser)
+__all__ = ["add_arguments", "run"]
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:

@@ -100,10 +100,10 @@ def bandwidth_figure(result: BandwidthResult) -> Any:
         peak = result.theoretical.get(kind)
         if peak is not None and peak.ok:
             fig.add_hline(
-                y=float(peak.get()),
+                y=float(peak.get(0.0)),
                 line_dash="dash",
                 line_color=color,
-                annotation_text=f"{kind} theoretical {float(peak.get()):.0f} GB/s",
+                annotation_text=f"{kind} theoretical {float(peak.get(0.0)):.0f} GB/s",
             )
     missing = [esc(f"{k}: {result.reason(k)}") for k in result.kinds if result.gbps(k) is None]
     fig.update_layout(

@@ -86,6 +86,40 @@ def numa_node_count(sys_root: str | Path = "/sys/devices/system/node") -> Readin
     return ok(max(len(nodes), 1), "host")
 
 
+def cpu_max_mhz(
+    sys_root: str | Path = "/sys/devices/system/cpu", cpuinfo: str | Path = "/proc/cpuinfo"
+) -> Reading[float]:
+    """The CPU clock: cpufreq's maximum, else the current clock ``/proc/cpuinfo`` reports."""
+    text = _read(Path(sys_root) / "cpu0" / "cpufreq" / "cpuinfo_max_freq")
+    if text and text.strip().isdigit():
+        return ok(int(text.strip()) / 1000.0, "cpufreq max")
+    for line in (_read(cpuinfo) or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "cpu mhz":
+            try:
+                return ok(float(value), "/proc/cpuinfo (current clock)")
+            except ValueError:
+                break
+    return na(Status.NOT_SUPPORTED, "CPU clock unknown (no cpufreq or /proc/cpuinfo)", "host")
+
+
+def last_level_cache_bytes(sys_root: str | Path = "/sys/devices/system/cpu") -> Reading[int]:
+    """The size of CPU 0's largest cache level (``/sys/.../cpu0/cache/index*/size``)."""
+    best = 0
+    try:
+        entries = sorted((Path(sys_root) / "cpu0" / "cache").glob("index*"))
+    except OSError:
+        entries = []
+    for entry in entries:
+        size = (_read(entry / "size") or "").strip()
+        if size[:-1].isdigit():
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1].upper(), 1)
+            best = max(best, int(size[:-1]) * scale)
+    if best:
+        return ok(best, "/sys cache index (largest level)")
+    return na(Status.NOT_SUPPORTED, "cache size unknown (no /sys cache index)", "host")
+
+
 def probe_torch() -> TorchInfo:
     """What the installed torch is and can do. Imports torch; never initialises CUDA itself."""
     try:
@@ -150,4 +184,6 @@ def probe_host(*, with_torch: bool = True) -> HostInfo:
         memory_available_bytes=memory_available,
         cpu_affinity=affinity,
         torch=probe_torch() if with_torch else TorchInfo(),
+        cpu_max_mhz=cpu_max_mhz(),
+        l3_cache_bytes=last_level_cache_bytes(),
     )

@@ -176,6 +176,8 @@ class HostInfo:
     memory_available_bytes: Reading[int] = field(default_factory=_na)
     cpu_affinity: Reading[int] = field(default_factory=_na)  # cores this process may run on
     torch: TorchInfo = field(default_factory=TorchInfo)
+    cpu_max_mhz: Reading[float] = field(default_factory=_na)  # cpufreq max, else current clock
+    l3_cache_bytes: Reading[int] = field(default_factory=_na)  # the largest cache level
 
     @property
     def has_avx512_bf16(self) -> bool:

@@ -196,7 +196,7 @@ class NvmlBackend:
         return self.session.call("nvmlDeviceGetMemoryInfo", h)
 
     def _sm_count(self, h: Any) -> Reading[int]:
-        attrs = self.session.call("nvmlDeviceGetAttributes", h).get(None)
+        attrs: Any = self.session.call("nvmlDeviceGetAttributes", h).get(None)
         if getattr(attrs, "multiprocessorCount", 0):
             return ok(int(attrs.multiprocessorCount), "nvml")
         return na(
@@ -315,7 +315,8 @@ class NvmlBackend:
         rows = self.session.call("nvmlDeviceGetRemappedRows", h)
         if not rows.ok:
             return dict.fromkeys(names, rows)
-        _, uncorrectable, pending, failed = rows.get(())
+        remapped: Any = rows.get(())
+        _, uncorrectable, pending, failed = remapped
         return {
             names[0]: ok(int(uncorrectable), "nvml"),
             names[1]: ok(bool(pending), "nvml"),
@@ -338,7 +339,8 @@ class NvmlBackend:
         values = self.session.call("nvmlDeviceGetFieldValues", h, [field_id])
         if not values.ok:
             return values
-        value = values.get(())[0]
+        fields: Any = values.get(())
+        value = fields[0]
         if getattr(value, "nvmlReturn", 0) != 0:
             return na(Status.NOT_SUPPORTED, "NVLink throughput counter not readable", "nvml")
         # The field is cumulative, in KiB.

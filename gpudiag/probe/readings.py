@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class Status(str, enum.Enum):
@@ -39,8 +40,12 @@ class Reading(Generic[T]):
     def ok(self) -> bool:
         return self.status is Status.OK
 
+    @overload
+    def get(self) -> T | None: ...
+    @overload
+    def get(self, default: D) -> T | D: ...
     def get(self, default: Any = None) -> Any:
-        """The value, or ``default`` when the reading is N/A."""
+        """The value, or ``default`` when the reading is N/A (typed: ``T | None`` without one)."""
         return self.value if self.status is Status.OK else default
 
     def display(self, unit: str = "", fmt: str = "{}") -> str:

@@ -8,7 +8,7 @@ import os
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -17,6 +17,9 @@ from gpudiag._report import card, esc, html_grid, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflicts
 from gpudiag.recipe.shell import check_env_name, env_value
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 SCHEMA_VERSION = 1
 RECIPE_KIND = "gpudiag.recipe"
@@ -393,7 +396,7 @@ class Recipe(BaseModel):
         return "\n".join(lines) + "\n"
 
     def check(
-        self, system: Any = None, device_type: str | None = None
+        self, system: SystemReport | None = None, device_type: str | None = None
     ) -> list[tuple[Fix, bool, str]]:
         """(fix, can be applied here, reason) for each fix, against this (or the given) machine."""
         if system is None:
@@ -422,7 +425,7 @@ class Recipe(BaseModel):
         self,
         model: Any = None,
         optimizer: Any = None,
-        system: Any = None,
+        system: SystemReport | None = None,
         *,
         device_type: str | None = None,
     ) -> AppliedFixes:

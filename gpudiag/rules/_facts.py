@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.probe.model import Gpu
 from gpudiag.probe.readings import Reading
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 # nvidia-smi's utilization.gpu at or above this means the GPU was running work when read:
 # below it, downclocked links and power caps are the idle power saving, not a problem.
@@ -41,9 +44,9 @@ def gib(nbytes: float) -> float:
     return float(nbytes) / 2**30
 
 
-def trace_source(trace: Any) -> str:
+def trace_source(trace: TraceReport | None) -> str:
     """Where trace evidence came from: "trace: rank0.json.gz" (one file) or "trace (N ranks)"."""
-    ranks: tuple[Any, ...] = tuple(getattr(trace, "ranks", ()))
+    ranks = trace.ranks if trace is not None else ()
     if len(ranks) == 1:
         return f"trace: {os.path.basename(ranks[0].path)}"
     return f"trace ({len(ranks)} ranks)" if ranks else "trace"
@@ -65,7 +68,7 @@ def trace_device(evidence: Any) -> tuple[tuple[int, int] | None, str]:
     return None, ""
 
 
-def span_us(trace: Any) -> float | None:
+def span_us(trace: TraceReport) -> float | None:
     span = trace.time_breakdown().get("span_us")
     return float(span) if span else None
 
@@ -76,9 +79,9 @@ MIN_KERNELS = 10
 MIN_KERNEL_US = 500.0
 
 
-def trace_too_small(trace: Any) -> str | None:
+def trace_too_small(trace: TraceReport | None) -> str | None:
     """Why a trace with GPU events is too small to judge a run by (None: big enough)."""
-    if trace is None or not getattr(trace, "has_gpu_events", False):
+    if trace is None or not trace.has_gpu_events:
         return None
     kernels = sum(k.count for k in trace.kernels() if k.category in ("compute", "communication"))
     b = trace.time_breakdown()

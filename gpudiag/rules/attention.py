@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "attention"
 
@@ -24,7 +27,7 @@ _MATH_OP = "aten::_scaled_dot_product_attention_math"
 @rule("attention.sdpa_math", category=CATEGORY, needs=("trace",))
 def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     """SDPA runs its math backend (the seq x seq matrix in memory), not a fused kernel."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     ops = trace.top_cpu_ops(10_000)
     math = [o for o in ops if o.name == _MATH_OP]
     if not math:
@@ -60,7 +63,7 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     )
 
 
-def _run_us(trace: Any, timed_on: str) -> float:
+def _run_us(trace: TraceReport, timed_on: str) -> float:
     """The time a share of the run is taken of: the GPU span on a GPU trace; the steps (or
     the outermost operator) on a CPU-only one, where operators' own time is their work."""
     if timed_on == "gpu":
@@ -76,7 +79,7 @@ def _run_us(trace: Any, timed_on: str) -> float:
 def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Hand-written attention (matmul -> scale/mask -> softmax -> matmul) instead of a fused
     kernel, costed from the operator tree."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     use = trace.attention()
     if use.eager_calls == 0:
         return

@@ -235,7 +235,7 @@ _NUM_WORKERS = re.compile(r"num_workers\s*=\s*(\d+)")
 def dataloader_workers_vs_cores(evidence: EvidenceBundle) -> Iterator[Finding]:
     """More DataLoader workers than the host has cores (SageMaker's workers-vs-cores rule)."""
     code = evidence.code or ""
-    cores = evidence.system.host.logical_cores.get()
+    cores = evidence.system_report.host.logical_cores.get()
     if not cores:
         return
     for number, line in enumerate(code.splitlines(), start=1):

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "communication"
 
@@ -55,7 +58,7 @@ def _per_rank_evidence(rows: tuple[CommOverlap, ...], src: str) -> tuple[Evidenc
 @rule("comm.exposed", category=CATEGORY, needs=("gpu_trace",))
 def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Communication above 10 % of the GPU's time, 5 % or more of it with no compute alongside."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     comm = trace.communication()
     if comm is None or comm.span_us <= 0:
         return
@@ -98,7 +101,7 @@ LATE_MEDIUM = 0.05
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
 
-def _median_span(trace: Any, report: Any) -> float:
+def _median_span(trace: TraceReport, report: Any) -> float:
     """The median rank's profiled time: its steps in the window, else its GPU span, else the
     time its matched collectives cover."""
     spans = []
@@ -120,7 +123,7 @@ def _median_span(trace: Any, report: Any) -> float:
 @rule("comm.late_rank", category=CATEGORY, needs=("trace",))
 def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
     """One rank's late starts hold the others inside the collectives (most of the waiting)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     if len(trace.ranks) < 2:
         return
     report = trace.collectives()

@@ -6,10 +6,17 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, jsonable
+from gpudiag.errors import GpuDiagError
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
+    from gpudiag.experiment.batch_scaling import BatchScaling
+    from gpudiag.probe.system import SystemReport
+    from gpudiag.step import Workload
 
 # One module per family of rules; each registers its rules with @rule on import.
 FAMILIES: tuple[str, ...] = (
@@ -52,17 +59,48 @@ NEEDS: dict[str, str] = {
 class EvidenceBundle:
     """Everything the rules may look at; any part may be missing."""
 
-    system: Any = None  # gpudiag.probe.system.SystemReport
-    trace: Any = None  # gpudiag.analysis.trace.TraceReport
+    system: SystemReport | None = None
+    trace: TraceReport | None = None
     samples: Any = None  # monitor samples
-    workload: Any = None  # gd.Workload
+    workload: Workload | None = None
     code: str | None = None  # source text to scan for API misuse
     runtime: Mapping[str, Any] | None = None  # torch switches of this process
-    batch_scaling: Any = None  # gpudiag.experiment.batch_scaling.BatchScaling
+    batch_scaling: BatchScaling | None = None
     # measured collective bandwidth: CollectiveResults (gd.bench.allreduce, nccl-tests logs)
     collectives: Any = None
-    memory: Any = None  # gpudiag.rules.memory.MemoryEvidence
+    memory: Any = None  # gpudiag.rules.memory.MemoryEvidence (it imports this module)
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    # The parts a rule ``needs`` (the engine runs it only when they are there), typed.
+    def _present(self, need: str) -> Any:
+        value = getattr(self, need)
+        if value is None:
+            raise GpuDiagError(f"this rule needs {NEEDS.get(need, need)}")
+        return value
+
+    @property
+    def system_report(self) -> SystemReport:
+        """The system report, for a rule that ``needs`` "system" or "gpu"."""
+        report: SystemReport = self._present("system")
+        return report
+
+    @property
+    def trace_report(self) -> TraceReport:
+        """The trace, for a rule that ``needs`` "trace" or "gpu_trace"."""
+        report: TraceReport = self._present("trace")
+        return report
+
+    @property
+    def scaling_report(self) -> BatchScaling:
+        """The step times at two batch sizes, for a rule that ``needs`` "batch_scaling"."""
+        report: BatchScaling = self._present("batch_scaling")
+        return report
+
+    @property
+    def workload_given(self) -> Workload:
+        """The workload, for a rule that ``needs`` "workload"."""
+        workload: Workload = self._present("workload")
+        return workload
 
     def has(self, need: str) -> bool:
         if need == "gpu":
@@ -114,10 +152,10 @@ class Diagnosis:
     evaluated: tuple[str, ...]
     sources: tuple[str, ...] = ()
     # The workload the evidence came from, so a fix can be tried on it (``try_fix``).
-    workload: Any = field(default=None, repr=False, compare=False)
-    system: Any = field(default=None, repr=False, compare=False)
+    workload: Workload | None = field(default=None, repr=False, compare=False)
+    system: SystemReport | None = field(default=None, repr=False, compare=False)
     # The trace the findings read (a TraceReport), so a front end can show where time went.
-    trace: Any = field(default=None, repr=False, compare=False)
+    trace: TraceReport | None = field(default=None, repr=False, compare=False)
     # What ``try_fix`` runs: ``trial(workload, fixes, system=..., **options)``; set by the one
     # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
     trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)

@@ -77,7 +77,7 @@ def allocator_config(evidence: EvidenceBundle) -> Iterator[Finding]:
     if "expandable_segments:true" in conf.replace(" ", "").lower():
         return
     fullest = max(
-        (f for g in evidence.system.gpus if (f := memory_used_fraction(g)) is not None),
+        (f for g in evidence.system_report.gpus if (f := memory_used_fraction(g)) is not None),
         default=None,
     )
     if fullest is None or fullest <= 0.90:
@@ -117,7 +117,7 @@ def _is_on(value: str | None) -> bool:
 
 def _ib_nics(evidence: EvidenceBundle) -> tuple[str, ...] | None:
     """InfiniBand/RoCE NICs (mlx5_*, ...) the topology lists; None when it cannot tell."""
-    topology = getattr(evidence.system, "topology", None) if evidence.system else None
+    topology = evidence.system.topology if evidence.system is not None else None
     if topology is None or not topology.nics:
         return None
     return tuple(n for n in topology.nics if n.startswith(("mlx", "ib", "bnxt_re", "irdma")))
@@ -153,7 +153,7 @@ def nccl_variables(evidence: EvidenceBundle) -> Iterator[Finding]:
     if system is not None and not system.gpus:
         return  # no NVIDIA GPU here: NCCL is not what this machine's jobs use
     gpus = len(system.gpus) if system is not None else 0
-    topology = getattr(system, "topology", None) if system is not None else None
+    topology = system.topology if system is not None else None
     nvlink = bool(topology is not None and topology.has_nvlink)
     ib = _ib_nics(evidence)
     nic_evidence = (

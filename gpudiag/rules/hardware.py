@@ -36,7 +36,7 @@ MEMORY_FULL = 0.90  # torch-tb-profiler's "memory > 90 %" recommendation
 
 
 def _gpus(evidence: EvidenceBundle) -> tuple[Gpu, ...]:
-    return tuple(evidence.system.gpus) if evidence.system is not None else ()
+    return tuple(evidence.system_report.gpus) if evidence.system is not None else ()
 
 
 def _lost_fields(obj: Any) -> list[str]:
@@ -51,7 +51,7 @@ def _lost_fields(obj: Any) -> list[str]:
 @rule("hw.gpu_lost", category=CATEGORY, needs=("system",))
 def gpu_lost(evidence: EvidenceBundle) -> Iterator[Finding]:
     """A GPU fell off the bus or needs a reset (NVML reports it lost)."""
-    system = evidence.system
+    system = evidence.system_report
     if system.gpu_count.status is Status.GPU_LOST:
         yield Finding(
             "hw.gpu_lost",
@@ -480,7 +480,9 @@ def profiling_counters(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalua
     blocked = _no_permission_series(evidence.samples)
     runtime = evidence.runtime or {}
     # The driver setting describes this machine: a recorded GPU is another machine's.
-    admin_only = None if evidence.system.is_recording else runtime.get("profiling_admin_only")
+    admin_only = (
+        None if evidence.system_report.is_recording else runtime.get("profiling_admin_only")
+    )
     euid = runtime.get("euid")
     setting = (
         Evidence(
@@ -517,7 +519,7 @@ def profiling_counters(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalua
         if blocked is None:
             why = (
                 "the recorded machine's RmProfilingAdminOnly driver setting"
-                if evidence.system.is_recording
+                if evidence.system_report.is_recording
                 else runtime.get("profiling_unknown")
                 or "the driver's RmProfilingAdminOnly setting (gpudiag.probe.runtime)"
             )
@@ -580,7 +582,7 @@ GPU_BUSY_LOW = 0.50  # ... while the GPU computes less than half the time
 def memory_headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Under half the GPU memory used while the GPU computes under half the time: a bigger
     micro-batch gives each launch more work and the idle gaps less weight."""
-    b = evidence.trace.time_breakdown()
+    b = evidence.trace_report.time_breakdown()
     span = float(b.get("span_us") or 0.0)
     if span <= 0:
         return

@@ -26,7 +26,7 @@ def _suggested_workers(evidence: EvidenceBundle) -> int:
 @rule("input.dataloader", category=CATEGORY, needs=("trace",))
 def dataloader_wait(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """The step waits on the DataLoader for more than 5 % of its time."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     share = trace.dataloader_share
     if share is None:
         yield NotEvaluated(
@@ -39,7 +39,7 @@ def dataloader_wait(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated
         return
     steps = [s for s in trace.steps() if s.dataloader_us is not None]
     mean_step_ms = sum(s.duration_us for s in steps) / len(steps) / 1e3 if steps else None
-    mean_wait_ms = sum(s.dataloader_us for s in steps) / len(steps) / 1e3 if steps else None
+    mean_wait_ms = sum(s.dataloader_us or 0.0 for s in steps) / len(steps) / 1e3 if steps else None
     workers = _suggested_workers(evidence)
     src = trace_source(trace)
     items = [Evidence("DataLoader share of step time", round(100 * share, 1), "%", src)]

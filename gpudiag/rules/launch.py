@@ -16,7 +16,7 @@ LOW_UTILIZATION = 0.50  # torch-tb-profiler: "GPU utilization < 50 %"
 @rule("launch.launch_bound", category=CATEGORY, needs=("gpu_trace",))
 def launch_bound(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Many short kernels, with the GPU idle in short gaps while the host launches the next."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     stats = trace.launch_stats()
     if stats is None or not stats.launch_bound:
         return
@@ -50,7 +50,7 @@ def launch_bound(evidence: EvidenceBundle) -> Iterator[Finding]:
 @rule("launch.low_utilization", category="utilization", needs=("gpu_trace",))
 def low_utilization(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The GPU computes for less than half of the profiled time."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     b = trace.time_breakdown()
     span = b.get("span_us") or 0.0
     if span <= 0:

@@ -16,7 +16,7 @@ PAGEABLE_SHARE = 0.01  # of the profiled span
 @rule("memcpy.pageable", category=CATEGORY, needs=("gpu_trace",))
 def pageable_copies(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Host<->device copies from pageable memory: staged, synchronous, below the link's speed."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     span = span_us(trace)
     if not span:
         return

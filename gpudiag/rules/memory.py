@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.memory_estimate import format_bytes
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, rule, run_rules
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.probe.system import SystemReport
 
 CATEGORY = "memory"
 HEADROOM_UNUSED = 0.5  # the peak uses less than half the budget
@@ -223,7 +226,7 @@ def other_process(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Another process holds memory on a GPU this job uses."""
     mem = _memory(evidence)
     own = mem.pid if mem.pid is not None else os.getpid()
-    for gpu in evidence.system.gpus:
+    for gpu in evidence.system_report.gpus:
         procs = gpu.state.processes.get(None) or ()
         others = [p for p in procs if p.pid != own]
         if not others:
@@ -326,7 +329,7 @@ def memory_findings(
     snapshot: Any = None,
     budget_bytes: int | None = None,
     allocator: Any = None,
-    system: Any = None,
+    system: SystemReport | None = None,
 ) -> Diagnosis:
     """Run the memory rules alone over what gd.memory / gd.fit / snapshots returned."""
     evidence = EvidenceBundle(

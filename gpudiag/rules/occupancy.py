@@ -46,7 +46,7 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
     from gpudiag.analysis.occupancy import best_block_size
     from gpudiag.errors import GpuDiagError
 
-    trace = evidence.trace
+    trace = evidence.trace_report
     cc, name = trace_device(evidence)
     src = trace_source(trace)
     for k in trace.top_kernels(10):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
 from gpudiag.rules._facts import span_us, trace_device, trace_source
@@ -18,6 +18,9 @@ from gpudiag.rules.finding import (
     Severity,
     severity_for_gain,
 )
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "precision"
 
@@ -65,7 +68,7 @@ class _Fp32Work:
     read_from: str
 
 
-def _fp32_work(trace: Any, unused_us: float) -> _Fp32Work | None:
+def _fp32_work(trace: TraceReport, unused_us: float) -> _Fp32Work | None:
     """How much of ``unused_us`` (eligible time off tensor cores) ran in fp32 (None: the
     trace says no dtype). The operators' recorded input types decide; kernel names only when
     the trace has none. Time not tied to a typed operator (backward kernels) is split as the
@@ -113,7 +116,7 @@ def _dtype_text(by_dtype: dict[str, float]) -> str:
 @rule("precision.tensor_cores", category=CATEGORY, needs=("gpu_trace",))
 def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Tensor-core-eligible matmul/convolution time that ran in fp32 on the CUDA cores."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     cc, name = trace_device(evidence)
     if cc is None:
         yield NotEvaluated("precision.tensor_cores", "the GPU's compute capability")
@@ -195,10 +198,9 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     )
 
 
-def _reduced_precision_matmul_share(trace: Any) -> float | None:
+def _reduced_precision_matmul_share(trace: TraceReport | None) -> float | None:
     """Share of the trace's matmul host time spent with bf16/fp16 inputs (None: no shapes)."""
-    shapes = getattr(trace, "gemm_shapes", None) if trace is not None else None
-    gemms = [g for g in shapes() if g.dtype is not None] if callable(shapes) else []
+    gemms = [g for g in trace.gemm_shapes() if g.dtype is not None] if trace is not None else []
     total = sum(g.cpu_us for g in gemms)
     if total <= 0:
         return None
@@ -215,13 +217,13 @@ def _fp32_params(model: Any) -> bool:
 @rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
-    workload = evidence.workload
+    workload = evidence.workload_given
     if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
         return
     reduced = _reduced_precision_matmul_share(evidence.trace)
     if reduced is not None and reduced >= 0.5:
         return  # the step already autocasts: its matmuls ran in bf16/fp16
-    host = evidence.system.host
+    host = evidence.system_report.host
     if not host.cpu_bf16_instructions:
         return  # no bf16 instructions: bf16 would be emulated
     from gpudiag.fixes import Fix
@@ -229,7 +231,7 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     ok, _ = Fix("precision.bf16").supported(evidence.system, "cpu")
     if not ok:
         return
-    if evidence.system.is_recording:
+    if evidence.system_report.is_recording:
         return  # a recorded machine's CPU cannot be measured from here
     from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed
 

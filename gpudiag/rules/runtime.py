@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules._facts import gpu_label, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "runtime"
 SOURCE = "torch switches (this process)"
@@ -49,7 +52,7 @@ def _gpu_cc(evidence: EvidenceBundle) -> tuple[int, int] | None:
 
 
 def _system_source(evidence: EvidenceBundle) -> str:
-    return "recorded system" if evidence.system.is_recording else "system report"
+    return "recorded system" if evidence.system_report.is_recording else "system report"
 
 
 def matmul_tf32(runtime: Mapping[str, Any]) -> tuple[bool | None, Evidence | None]:
@@ -149,7 +152,7 @@ def trace_from_this_process(evidence: EvidenceBundle) -> bool:
     pid = (evidence.runtime or {}).get("pid")
     if pid is None:
         return False
-    for rank in getattr(evidence.trace, "ranks", ()):
+    for rank in evidence.trace.ranks if evidence.trace is not None else ():
         match = _PROFILE_FILE.search(os.path.basename(str(rank.path)))
         if match is not None and int(match.group(1)) == int(pid):
             return True
@@ -161,7 +164,7 @@ def _is_conv(kernel: Any) -> bool:
     return "conv" in op.lower() if op else bool(_CONV_KERNEL.search(kernel.name))
 
 
-def conv_time(trace: Any) -> tuple[float, float]:
+def conv_time(trace: TraceReport) -> tuple[float, float]:
     """Convolution kernel time and all compute kernel time (microseconds) in the trace."""
     compute = [k for k in trace.kernels() if k.category == "compute"]
     total = sum(k.total_us for k in compute)
@@ -172,7 +175,7 @@ def conv_time(trace: Any) -> tuple[float, float]:
 def cudnn_switches(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """cuDNN disabled, or cudnn.benchmark off, while convolutions take GPU time."""
     runtime = evidence.runtime or {}
-    conv_us, compute_us = conv_time(evidence.trace)
+    conv_us, compute_us = conv_time(evidence.trace_report)
     share = conv_us / compute_us if compute_us > 0 else 0.0
     if share < CONV_SHARE or runtime.get("cudnn_available") is False:
         return
@@ -278,7 +281,7 @@ def _usable_cores(evidence: EvidenceBundle, runtime: Mapping[str, Any]) -> int |
     cores = runtime.get("cpu_affinity") or runtime.get("cpu_count")
     if not cores:
         return None
-    physical = evidence.system.host.physical_cores.get()
+    physical = evidence.system_report.host.physical_cores.get()
     if physical:
         cores = min(int(cores), int(physical))
     local_ranks = evidence.env.get("LOCAL_WORLD_SIZE", "1")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.costed_ops import DTYPE_BYTES, MATMUL_OPS
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "shapes"
 RULE = "shapes.gemm_alignment"
@@ -116,7 +119,7 @@ def _requirement(dtypes: list[str], on_tensor_cores: dict[str, str]) -> str:
     )
 
 
-def _compute_us(trace: Any) -> float:
+def _compute_us(trace: TraceReport) -> float:
     return sum(r.tensor_cores.compute_us for r in trace.ranks if r.tensor_cores is not None)
 
 
@@ -127,7 +130,7 @@ def _dims_text(dims: list[tuple[str, int, int]]) -> str:
 @rule(RULE, category=CATEGORY, needs=("gpu_trace",))
 def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Hot GEMMs whose M, N or K is not a multiple of 16 bytes run below tensor-core speed."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     cc, name = trace_device(evidence)
     if cc is None:
         yield NotEvaluated(RULE, "the GPU's compute capability")
@@ -166,7 +169,7 @@ def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]
 
 
 def _finding(
-    trace: Any,
+    trace: TraceReport,
     hot: list[_Unaligned],
     compute_us: float,
     cc: tuple[int, int],

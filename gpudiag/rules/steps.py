@@ -26,7 +26,7 @@ FASTER_LARGER_TOLERANCE = 0.5
 @rule("steps.outliers", category=CATEGORY, needs=("trace",))
 def step_outliers(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Some steps take far longer than the median step (SageMaker's step-outlier rule)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     steps = [s for s in trace.steps() if s.in_window]
     if len(steps) < MIN_STEPS:
         return
@@ -56,7 +56,7 @@ def step_outliers(evidence: EvidenceBundle) -> Iterator[Finding]:
 @rule("steps.stragglers", category=CATEGORY, needs=("trace",))
 def stragglers(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Ranks whose GPU work takes longer than the others' (the rest wait for them)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     if not trace.stragglers:
         return
     src = trace_source(trace)
@@ -119,7 +119,7 @@ def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluat
     """The batch is so small that a fixed per-step cost (Python, launches, the optimizer)
     dominates: a larger batch costs little more per step (SageMaker's BatchSize rule, measured
     instead of inferred from utilization)."""
-    scaling = evidence.batch_scaling
+    scaling = evidence.scaling_report
     share = scaling.fixed_share
     if scaling.larger_step_s < FASTER_LARGER_TOLERANCE * scaling.step_s:
         yield NotEvaluated(
@@ -136,13 +136,13 @@ def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluat
     src = f"batch scaling ({len(scaling.rounds)} interleaved rounds, medians)"
     severity = Severity.HIGH if share >= FIXED_SHARE_HIGH else Severity.MEDIUM
     busy = []
-    if scaling.host_busy and evidence.workload.device_type == "cpu":
+    if scaling.host_busy and (wl := evidence.workload) is not None and wl.device_type == "cpu":
         # Threads that wait for a descheduled sibling at every operator look like a fixed cost.
         severity = Severity.LOW
         busy = [
             Evidence(
                 "host load average (busy: timings overstate the fixed cost)",
-                round(scaling.load_average, 2),
+                round(scaling.load_average or 0.0, 2),  # host_busy: it was read
                 f"on {scaling.cpus} CPUs",
                 "os.getloadavg",
             )

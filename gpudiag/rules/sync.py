@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "synchronisation"
 
@@ -64,7 +67,7 @@ def _outermost(syncs: list[Any]) -> list[Any]:
 @rule("sync.host_sync", category=CATEGORY, needs=("trace",))
 def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The host waits for the GPU inside the step (``.item()``, blocking copies, synchronize)."""
-    trace = evidence.trace
+    trace = evidence.trace_report
     if not trace.has_gpu_events:
         yield from _host_conversions_on_cpu(trace)
         return
@@ -127,7 +130,7 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     )
 
 
-def _host_conversions_on_cpu(trace: Any) -> Iterator[Finding]:
+def _host_conversions_on_cpu(trace: TraceReport) -> Iterator[Finding]:
     """On a CPU-only trace nothing waits, but the calls that would wait on a GPU are recorded
     with their call sites: report the ones the user's code makes, at their (small) CPU cost."""
     steps = [s for s in trace.steps() if s.in_window]

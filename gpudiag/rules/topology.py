@@ -51,8 +51,8 @@ _ORDER = "CUDA_DEVICE_ORDER=PCI_BUS_ID"  # makes CUDA indices follow nvidia-smi'
 
 def _topology(evidence: EvidenceBundle, rule_id: str) -> Iterator[Topology | NotEvaluated]:
     """The topology to judge; NotEvaluated on a multi-GPU system without one; none for one GPU."""
-    system = evidence.system
-    topology = getattr(system, "topology", None)
+    system = evidence.system_report
+    topology = system.topology
     if topology is not None:
         yield topology
     elif len(system.gpus) >= 2:
@@ -261,7 +261,7 @@ def _partial_nvlink(
 @rule("topo.cpu_affinity", category=CATEGORY, needs=("gpu",))
 def cpu_affinity(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """This process runs on CPUs outside the primary GPU's CPU affinity (another NUMA node)."""
-    system = evidence.system
+    system = evidence.system_report
     for topology in _topology(evidence, "topo.cpu_affinity"):
         if isinstance(topology, NotEvaluated):
             yield topology
@@ -273,7 +273,7 @@ def cpu_affinity(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
             return
         gpu = system.primary_gpu
         placement = topology.placement(gpu.info.index) if gpu is not None else None
-        if placement is None or placement.cpus is None:
+        if gpu is None or placement is None or placement.cpus is None:
             yield NotEvaluated("topo.cpu_affinity", "the primary GPU's CPU affinity (NVML)")
             return
         yield from _affinity_finding(topology, placement, gpu.info.cuda_index)
@@ -346,14 +346,14 @@ def _affinity_finding(
 
 
 def _cc_major(evidence: EvidenceBundle) -> int | None:
-    gpu = evidence.system.primary_gpu if evidence.system is not None else None
+    gpu = evidence.system_report.primary_gpu if evidence.system is not None else None
     cc = gpu.compute_capability if gpu is not None else None
     return int(cc[0]) if cc else None
 
 
 def _pcie_gen(evidence: EvidenceBundle) -> int | None:
     """The lowest PCIe generation the GPUs' links can run at (NVML ``gen_max``)."""
-    gens = [int(g) for gpu in evidence.system.gpus if (g := gpu.info.pcie.gen_max.get())]
+    gens = [int(g) for gpu in evidence.system_report.gpus if (g := gpu.info.pcie.gen_max.get())]
     return min(gens) if gens else None
 
 
@@ -361,7 +361,7 @@ def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
     """The best large-message bus bandwidth over at most this node's GPUs: measured results
     first, then a GPU trace's calls. Collectives over more ranks cross the network between
     nodes, which the GPU links do not bound."""
-    node_gpus = len(evidence.system.gpus)
+    node_gpus = len(evidence.system_report.gpus)
     results = evidence.collectives
     if results is not None:
         items = results if isinstance(results, (list, tuple)) else [results]
@@ -390,7 +390,7 @@ def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
 @rule("nccl.busbw", category=CATEGORY, needs=("gpu",))
 def nccl_bus_bandwidth(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Measured NCCL bus bandwidth well below what the node's GPU links should give."""
-    if len(evidence.system.gpus) < 2 and evidence.collectives is None:
+    if len(evidence.system_report.gpus) < 2 and evidence.collectives is None:
         return  # one GPU: no collective inside this node to judge
     measured = _measured(evidence)
     if measured is None:
@@ -401,7 +401,7 @@ def nccl_bus_bandwidth(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalua
             "all-gather calls; collectives across nodes are bound by the network instead)",
         )
         return
-    topology = getattr(evidence.system, "topology", None)
+    topology = evidence.system.topology if evidence.system is not None else None
     budget = link_budget(
         topology.links if topology is not None else (),
         cc_major=_cc_major(evidence),

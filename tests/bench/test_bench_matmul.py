@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +13,8 @@ from gpudiag.bench.gemm import MatmulResult, matmul
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.cuda import CudaDeviceProperties
 from gpudiag.probe.readings import ok
+from gpudiag.probe.system import SystemReport
+from tests.fakes.machines import cpu_system
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +86,11 @@ def test_report_is_json_and_escaped_html(result: MatmulResult) -> None:
     assert "MatmulResult on cpu" in repr(result)
 
 
-def _fake_system(flags: tuple[str, ...], mhz: float = 2000.0) -> Any:
-    host = SimpleNamespace(cpu_flags=flags, cpu_max_mhz=ok(mhz, "test"), cpu_model=ok("Fake CPU"))
-    return SimpleNamespace(host=host, gpus=())
+def _fake_system(flags: tuple[str, ...], mhz: float = 2000.0) -> SystemReport:
+    system = cpu_system(*flags)
+    return dataclasses.replace(
+        system, host=dataclasses.replace(system.host, cpu_max_mhz=ok(mhz, "test"))
+    )
 
 
 @pytest.mark.parametrize(

@@ -144,3 +144,15 @@ def test_a_step_function_runs_under_the_steps_autocast() -> None:
     step.autocast_dtype = torch.bfloat16
     step.run()
     assert seen == [False, True]
+
+
+def test_next_micro_batches_are_the_split_of_the_next_step() -> None:
+    model = Recorder()
+    step = Step.of(regression(model))
+    with ExitStack() as stack:
+        transform(step, [Fix("batch.size", micro_batch=4, accumulation=2)], stack)
+        step.open()
+        parts = step.next_micro_batches()
+    assert [tuple(x.shape) for x, _ in parts] == [(4, 4), (4, 4)]
+    assert model.seen == []  # reading the batches runs nothing
+    assert Step.of(Workload.from_step(lambda: 0.5)).next_micro_batches() == []

@@ -142,7 +142,7 @@ def test_supported_only_with_a_cuda_gpu(fixtures_dir: Path) -> None:
     fix = Fix("cuda.graphs")
     assert fix.implemented
     assert fix.supported(cpu_system()) == (False, "CUDA graphs exist only on NVIDIA GPUs")
-    assert fix.tryable(object()) == (False, "CUDA graphs exist only on NVIDIA GPUs")
+    assert fix.tryable(cpu_system()) == (False, "CUDA graphs exist only on NVIDIA GPUs")
     ok, why = fix.supported(cpu_system(), device_type="cuda")
     assert not ok
     assert "no GPU" in why

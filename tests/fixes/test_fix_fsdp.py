@@ -10,6 +10,7 @@ import torch
 from gpudiag import workloads
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import Fix
+from tests.fakes.machines import cpu_system
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def test_fsdp_wrap_shards_the_repeated_blocks_and_trains(one_rank_group: None) -
     wl = workloads.get("gpt", seq_len=16, d_model=32, n_layer=2, vocab_size=64)
     model = wl.model
     fix = Fix("fsdp.wrap")
-    assert fix.tryable(object()) == (True, "")
+    assert fix.tryable(cpu_system()) == (True, "")
     applied = fix.apply(model, check=False)
     assert any("fully_shard on 2 Block and the root" in n for n in applied.notes)
     assert type(model.blocks[0]).__name__ == "FSDPBlock"

@@ -9,6 +9,7 @@ import torch
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import Fix, FixError, FixKind, get_spec, registry
+from tests.fakes.machines import cpu_system
 
 # The stable vocabulary (findings, recipes and the CLI use these ids) and each id's kind.
 STABLE_IDS = {
@@ -120,7 +121,7 @@ def test_fsdp_wrap_needs_a_process_group_and_says_how_to_get_one() -> None:
     fix = Fix("fsdp.wrap")
     assert fix.implemented
     assert fix.spec.saves_memory
-    ok, why = fix.tryable(object())
+    ok, why = fix.tryable(cpu_system())
     assert not ok
     assert "nproc=2" in why
     with pytest.raises(UnsupportedFixError, match="process group"):

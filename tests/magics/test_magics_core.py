@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 import pytest
 
+from gpudiag.cli import main
 from gpudiag.probe.system import SystemReport
 from tests.conftest import FIXTURES
 
@@ -91,3 +94,35 @@ def test_summary_line_keeps_whole_sentences() -> None:
         "Report the host (--replay FILE for a recorded machine, --topology FILE too)."
     )
     assert summary_line("One line.\n\nMore details.") == "One line."
+
+
+def _options(add_arguments: Any) -> set[str]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
+
+
+def test_inspect_json_is_the_terminals_json(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = FIXTURES / "nvidia-smi-xml" / "tesla-t4.xml"
+    as_dict = ip.run_line_magic("gpudiag", f"inspect --json --replay {path}")
+    capsys.readouterr()
+    assert main(["inspect", "--json", "--replay", str(path)]) == 0
+    terminal = json.loads(capsys.readouterr().out)
+    assert isinstance(as_dict, dict)
+    assert set(as_dict) == set(terminal)
+    assert as_dict["source"] == terminal["source"] == "recording"
+    names = [[g["info"]["name"]["value"] for g in d["gpus"]] for d in (as_dict, terminal)]
+    assert names == [["Tesla T4"], ["Tesla T4"]]
+
+
+def test_inspect_and_monitor_take_one_set_of_options_in_both_front_ends() -> None:
+    from gpudiag.cli import inspect as cli_inspect
+    from gpudiag.cli import monitor as cli_monitor
+    from gpudiag.magics import inspect as magic_inspect
+    from gpudiag.magics import monitor as magic_monitor
+
+    assert _options(cli_inspect.add_arguments) == _options(magic_inspect.add_arguments)
+    assert _options(cli_inspect.add_arguments) == {"--json", "--replay", "--topology"}
+    shared = {"--interval", "--replay", "--exporter", "--devices"}
+    assert _options(cli_monitor.add_arguments) == shared | {"--duration", "--refresh", "--json"}
+    assert _options(magic_monitor.add_arguments) == shared | {"--history"}

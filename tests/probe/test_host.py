@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpudiag.probe.host import numa_node_count, parse_cpuinfo, probe_host
+import pytest
+
+from gpudiag.probe.host import (
+    cpu_max_mhz,
+    last_level_cache_bytes,
+    numa_node_count,
+    parse_cpuinfo,
+    probe_host,
+)
 
 X86 = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8480+
@@ -53,3 +61,26 @@ def test_probe_host_on_this_machine() -> None:
         assert "CPU-only" in host.torch.cuda_build.reason
     assert host.cpu_bf16_instructions == ("avx512_bf16" in host.cpu_flags or host.has_amx)
     assert host.cpu_bf16_fast == host.cpu_bf16_instructions  # the old name: flags only
+
+
+def test_cpu_clock_prefers_cpufreq_max_then_the_cpuinfo_clock(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu MHz\t\t: 2445.406\n")
+    current = cpu_max_mhz(tmp_path / "sys", cpuinfo)
+    assert current.value == pytest.approx(2445.406)
+    assert "current clock" in current.source
+    freq = tmp_path / "sys" / "cpu0" / "cpufreq"
+    freq.mkdir(parents=True)
+    (freq / "cpuinfo_max_freq").write_text("3500000\n")
+    top = cpu_max_mhz(tmp_path / "sys", cpuinfo)
+    assert (top.value, top.source) == (3500.0, "cpufreq max")
+    assert not cpu_max_mhz(tmp_path / "none", tmp_path / "none").ok
+
+
+def test_last_level_cache_is_the_largest_cache_index(tmp_path: Path) -> None:
+    for index, size in (("index0", "32K"), ("index2", "512K"), ("index3", "32768K")):
+        entry = tmp_path / "cpu0" / "cache" / index
+        entry.mkdir(parents=True)
+        (entry / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path).value == 32 << 20
+    assert not last_level_cache_bytes(tmp_path / "missing").ok

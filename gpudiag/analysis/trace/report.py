@@ -29,7 +29,7 @@ from gpudiag.analysis.trace.transfers import TransferStats
 from gpudiag.errors import TraceError
 
 if TYPE_CHECKING:
-    from gpudiag.analysis.roofline import Roofline
+    from gpudiag.analysis.roofline import GpuSource, Roofline
 
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "span_us",
@@ -348,7 +348,7 @@ class TraceReport:
         most GPU time first (host time on a CPU-only trace)."""
         return gemm_shapes(self.shaped_ops(rank))
 
-    def roofline(self, system: Any = None, *, rank: int | None = None, **kw: Any) -> Roofline:
+    def roofline(self, system: GpuSource = None, *, rank: int | None = None, **kw: Any) -> Roofline:
         """``gd.roofline(system, ops=...)`` over the costed calls, timed by their kernels.
 
         ``system`` defaults to the traced GPU's name (spec-table roofs). On a GPU trace a call's
