@@ -23,15 +23,39 @@ CATEGORY_COLORS: dict[str, str] = {
 }
 
 
+# A step's memory events number in the tens of thousands; a figure (and a notebook that stores
+# it) needs a few thousand points to show the same shape.
+MAX_TIMELINE_POINTS = 2000
+
+
+def plotted_rows(totals: Sequence[int], max_points: int = MAX_TIMELINE_POINTS) -> list[int]:
+    """Row indices to draw: all of them when few, else the lowest and highest total of each of
+    ``max_points // 2`` equal slices (so every rise and fall shows), the peak always included."""
+    n = len(totals)
+    if n <= max_points:
+        return list(range(n))
+    buckets = max_points // 2
+    keep = {max(range(n), key=totals.__getitem__)}
+    for b in range(buckets):
+        lo, hi = b * n // buckets, (b + 1) * n // buckets
+        if lo < hi:
+            part = range(lo, hi)
+            keep.add(min(part, key=totals.__getitem__))
+            keep.add(max(part, key=totals.__getitem__))
+    return sorted(keep)
+
+
 def timeline_figure(timeline: MemoryTimeline, *, title: str = "Memory of one step") -> Any:
     """Stacked area of live MiB by category over the step, the peak marked."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     t0 = timeline.times_us[0] if timeline.times_us else 0.0
-    xs = [(t - t0) / 1000.0 for t in timeline.times_us]
+    keep = plotted_rows(timeline.totals)
+    xs = [(timeline.times_us[i] - t0) / 1000.0 for i in keep]
     for category in timeline.categories:
-        ys = [v / _MIB for v in timeline.series(category)]
+        series = timeline.series(category)
+        ys = [series[i] / _MIB for i in keep]
         if not any(ys):
             continue
         fig.add_trace(
