@@ -37,3 +37,17 @@ def test_notebook_runs(path: Path, tmp_path: Path) -> None:
     assert errors == []
     # every code cell produced something a reader can see
     assert all(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_with_its_outputs(path: Path) -> None:
+    """A person browsing the repository sees results (``make notebooks`` stores them)."""
+    nb = nbformat.read(path, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert code
+    assert all(cell.get("outputs") for cell in code), "run `make notebooks`"
+    assert not any(o.get("output_type") == "error" for cell in code for o in cell.outputs)
+    # Stored light and portable: no live widget state, no path of the machine that ran it.
+    assert "widgets" not in nb.metadata
+    assert path.stat().st_size < 1 << 20
+    assert str(REPO) not in path.read_text(encoding="utf-8")
