@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(result.to_dict()))
             elif not args.progress:
                 print(repr(result))
+        dist.barrier()  # leave together (see gpudiag.distributed.group.process_group)
     finally:
         dist.destroy_process_group()
     return 0

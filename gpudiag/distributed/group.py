@@ -104,6 +104,10 @@ def process_group(backend: str | None = None, timeout_s: float = 300.0) -> Itera
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         yield backend
+        # Leave together: a rank that tears its group down while another still talks to it
+        # (rank 0 printing the merged report) made gloo abort that rank at exit
+        # ("terminate called without an active exception", about one run in two).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
