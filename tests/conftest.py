@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 # with each folder's SOURCES.md: a clone tests with nothing beside it.
 FIXTURES = REPO / "tests" / "fixtures"
 
-# Files the test session opened beside the repository (a sibling folder such as ../shared):
+# Files the test session opened beside the repository (a sibling folder, e.g. the corpus the
+# fixtures were copied from):
 # a fresh clone has nothing there, so any such read fails the session (see pytest_sessionfinish).
 _OUTSIDE_READS: list[str] = []
 _INTERPRETER = tuple({sys.prefix + os.sep, sys.base_prefix + os.sep, sys.exec_prefix + os.sep})

