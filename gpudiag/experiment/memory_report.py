@@ -8,9 +8,11 @@ warm-up step creates the optimizer state; the second step is measured, as in tra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,30 +50,15 @@ def measure_timeline(
             "gd.memory needs a gd.Workload with model= and batch= (a step function's own "
             "tensors cannot be told apart); gd.compare measures a step function's peak"
         )
-    with isolated(*workload.protected):
-        model = copy.deepcopy(workload.model)
-        wl = copy.copy(workload)
-        wl.model, wl.protected = model, (model,)
-        if batch_size is not None:
-            wl.batch_size = int(batch_size)
-        arm = Arm("memory", fixes, wl, model, False, workload.device_type)
-        arm.open()
-        try:
-            arm.new_optimizer()
-            with arm.active():
+    with _warm_copy(workload, batch_size, fixes) as (arm, track):
+        if budget_bytes is None:
+            return measure_step_timeline(arm.step, device=str(workload.device))
+
+        def capped() -> None:
+            with MemoryBudget(budget_bytes, track=track):
                 arm.step()
-                if budget_bytes is None:
-                    return measure_step_timeline(arm.step, device=str(workload.device))
-                batch = arm.target.next_micro_batches()
-                track = [model, arm.target.optimizer, *_tensors(batch)]
 
-                def capped() -> None:
-                    with MemoryBudget(budget_bytes, track=[t for t in track if t is not None]):
-                        arm.step()
-
-                return measure_step_timeline(capped, device=str(workload.device))
-        finally:
-            arm.close()
+        return measure_step_timeline(capped, device=str(workload.device))
 
 
 def capped_peak(
@@ -83,6 +70,23 @@ def capped_peak(
 ) -> tuple[int, OutOfMemory | None]:
     """One steady-state step on a copy under a MemoryBudget, without the profiler: the peak
     of live bytes it saw, or the out-of-memory. The user's state is restored either way."""
+    with _warm_copy(workload, batch_size, fixes) as (arm, track):
+        budget = MemoryBudget(budget_bytes, track=track)
+        try:
+            with budget:
+                arm.step()
+        except MemoryBudgetExceeded as exc:
+            return budget.peak_bytes, exc.oom
+        return budget.peak_bytes, None
+
+
+@contextlib.contextmanager
+def _warm_copy(
+    workload: Workload, batch_size: int | None, fixes: tuple[Fix, ...]
+) -> Iterator[tuple[Arm, list[Any]]]:
+    """A trial arm on a deep copy of the model, inside an isolated trial, one step already run
+    (the optimizer state exists); with the tensors a memory budget tracks (model, optimizer,
+    the next step's batch). The user's state is restored when it closes."""
     with isolated(*workload.protected):
         model = copy.deepcopy(workload.model)
         wl = copy.copy(workload)
@@ -97,13 +101,7 @@ def capped_peak(
                 arm.step()
                 batch = arm.target.next_micro_batches()
                 track = [model, arm.target.optimizer, *_tensors(batch)]
-                budget = MemoryBudget(budget_bytes, track=[t for t in track if t is not None])
-                try:
-                    with budget:
-                        arm.step()
-                except MemoryBudgetExceeded as exc:
-                    return budget.peak_bytes, exc.oom
-                return budget.peak_bytes, None
+                yield arm, [t for t in track if t is not None]
         finally:
             arm.close()
 
