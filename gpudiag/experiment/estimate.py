@@ -232,9 +232,10 @@ def estimate_memory(
             scale_by_batch=scale_by_batch,
         )
         return with_parallelism(est, parallelism)
-    if _is_config(workload_or_model) and not _is_module(workload_or_model):
+
+    def formulas(config: Any, name: str = "") -> MemoryEstimate:
         return estimate_transformer(
-            workload_or_model,
+            config,
             batch_size=int(batch_size or 1),
             seq_len=seq_len,
             precision=precision or "bf16",
@@ -242,22 +243,16 @@ def estimate_memory(
             checkpointing=checkpointing,
             parallelism=parallelism,
             training=training,
+            name=name,
         )
+
+    if _is_config(workload_or_model) and not _is_module(workload_or_model):
+        return formulas(workload_or_model)
     if _is_module(workload_or_model):
         if inputs is None:
             config = getattr(workload_or_model, "config", None)
             if config is not None and _is_config(config):
-                return estimate_transformer(
-                    config,
-                    batch_size=int(batch_size or 1),
-                    seq_len=seq_len,
-                    precision=precision or "bf16",
-                    optimizer=optimizer or "adamw",
-                    checkpointing=checkpointing,
-                    parallelism=parallelism,
-                    training=training,
-                    name=type(workload_or_model).__name__,
-                )
+                return formulas(config, name=type(workload_or_model).__name__)
             raise MemoryEstimateError(
                 "to trace a module gpudiag needs its inputs: pass inputs= (a batch or a function "
                 "batch_size -> batch) or a gd.Workload(model, batch=..., loss=..., optimizer=...)"
