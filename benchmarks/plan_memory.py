@@ -47,6 +47,7 @@ def _worker(rank: int, port: int, case: dict[str, Any], mode: str, out_dir: str)
         peak = measure_rank(case, mode)
         with open(os.path.join(out_dir, f"{mode}-{rank}.txt"), "w") as fh:
             fh.write(str(peak))
+        dist.barrier()  # leave together (see gpudiag.distributed.group.process_group)
     finally:
         dist.destroy_process_group()
 
