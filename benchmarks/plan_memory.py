@@ -11,6 +11,17 @@ DDP buckets, optimizer state, activations, temporaries); the peak is its largest
 the measured step. The table
 prints each rank's peak beside ``gd.plan``'s memory figure for that layout (DDP 2 or FSDP 2,
 from the memory estimator's formulas on the model's config). Target: within 15 %.
+
+DDP runs with PyTorch's defaults (its gradient buckets are a second copy of the gradients) and
+AdamW with ``foreach=True``, the form torch picks on CUDA, which the planner models. The third
+model is notebook 04's wide one, where the buckets, FSDP's gathered root unit and Adam's update
+decide the peak. Measured on a 2-core CPU (2026-11-24; errors against the larger rank):
+DDP +3.9 / +11.0 / -1.6 %, FSDP +1.1 / +5.1 / -15.4 % (-11.5 % in another run: the FSDP ranks'
+peaks move by 7-19 MiB from run to run). Before the planner counted buckets, gathered units and
+the update it read -6.0 / -3.1 / -29.2 % and -8.7 / -12.5 / -49.8 % on the same measurements.
+The remaining over-read on the second DDP model: the formula keeps every gradient and every
+activation at once at the start of the backward, where a real step frees activations as the
+gradients appear.
 """
 
 from __future__ import annotations
@@ -30,6 +41,9 @@ WORLD = 2
 CASES: list[dict[str, Any]] = [
     {"d_model": 256, "n_layer": 4, "n_head": 4, "seq_len": 256, "vocab_size": 512, "batch": 4},
     {"d_model": 384, "n_layer": 6, "n_head": 6, "seq_len": 256, "vocab_size": 1024, "batch": 2},
+    # Notebook 04's wide model: short sequences, a large vocabulary; the model states, DDP's
+    # buckets, FSDP's gathered root unit and Adam's update decide the peak, not activations.
+    {"d_model": 384, "n_layer": 2, "n_head": 4, "seq_len": 32, "vocab_size": 8192, "batch": 2},
 ]
 
 
@@ -70,7 +84,7 @@ def measure_rank(case: dict[str, Any], mode: str) -> int:
         if mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(model, gradient_as_bucket_view=True)
+            model = DistributedDataParallel(model)  # PyTorch's defaults, as the planner's
         else:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
@@ -79,7 +93,9 @@ def measure_rank(case: dict[str, Any], mode: str) -> int:
             for block in model.blocks:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # foreach=True: the form torch picks by default on CUDA, which the planner models (on a
+        # CPU torch defaults to the for-loop form, holding about one tensor at a time).
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         batch = wl.batch(case["batch"]) if callable(wl.batch) else wl.batch
 
         def step() -> None:

@@ -212,6 +212,9 @@ class MemoryEstimate:
     GPU (live tensor bytes; parameters, gradients and optimizer state included), per GPU under
     ``parallelism``. ``breakdown`` is category -> bytes at that peak. ``per_sample_bytes``:
     what one more sample adds (for scaling by batch). ``route``: "formula" or "traced".
+    ``step_peaks`` (formula route, training): the peak of each phase the formulas model,
+    ``"backward"`` (grows with the batch) and ``"optimizer step"`` (does not); ``peak_bytes`` is
+    the larger. A traced estimate measured the whole step and leaves it empty.
     """
 
     peak_bytes: int
@@ -227,27 +230,44 @@ class MemoryEstimate:
     per_sample_bytes: int | None = None
     parameters: int | None = None
     assumptions: tuple[str, ...] = ()
+    step_peaks: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / 2**30
 
-    def at_batch(self, batch_size: int) -> int:
-        """Peak bytes at another batch size, scaled linearly by ``per_sample_bytes``."""
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase whose peak is ``peak_bytes`` ("backward" / "optimizer step"), if modelled."""
+        if not self.step_peaks:
+            return None
+        return max(self.step_peaks, key=lambda phase: self.step_peaks[phase])
+
+    def _scaling(self) -> tuple[int, int, int]:
+        """(batch, per-sample bytes, the peak that grows with the batch) or an error."""
         if self.per_sample_bytes is None or self.batch_size is None:
             raise MemoryEstimateError("this estimate has no per-sample figure to scale by batch")
+        grows = self.step_peaks.get("backward", self.peak_bytes)
+        return self.batch_size, self.per_sample_bytes, grows
+
+    def at_batch(self, batch_size: int) -> int:
+        """Peak bytes at another batch size: the batch-dependent peak scaled linearly by
+        ``per_sample_bytes``, never below the optimizer step's (which no batch changes)."""
+        batch, per_sample, grows = self._scaling()
         if batch_size < 1:
             raise MemoryEstimateError("batch_size must be at least 1")
-        return int(self.peak_bytes + (batch_size - self.batch_size) * self.per_sample_bytes)
+        scaled = int(grows + (batch_size - batch) * per_sample)
+        return max(scaled, self.step_peaks.get("optimizer step", 0))
 
     def largest_batch(self, budget_bytes: int) -> int:
         """The largest batch whose scaled peak fits ``budget_bytes`` (0 when none does)."""
-        if self.per_sample_bytes is None or self.batch_size is None:
-            raise MemoryEstimateError("this estimate has no per-sample figure to scale by batch")
-        fixed = self.peak_bytes - self.batch_size * self.per_sample_bytes
-        if self.per_sample_bytes <= 0:
-            return self.batch_size if self.peak_bytes <= budget_bytes else 0
-        return max(0, int((budget_bytes - fixed) // self.per_sample_bytes))
+        batch, per_sample, grows = self._scaling()
+        if self.step_peaks.get("optimizer step", 0) > budget_bytes:
+            return 0
+        fixed = grows - batch * per_sample
+        if per_sample <= 0:
+            return batch if self.peak_bytes <= budget_bytes else 0
+        return max(0, int((budget_bytes - fixed) // per_sample))
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(
@@ -267,6 +287,8 @@ class MemoryEstimate:
                 "per_sample_bytes": self.per_sample_bytes,
                 "parameters": self.parameters,
                 "assumptions": list(self.assumptions),
+                "step_peaks": dict(self.step_peaks),
+                "peak_phase": self.peak_phase,
             }
         )
 
@@ -281,13 +303,23 @@ class MemoryEstimate:
     def __repr__(self) -> str:
         lines = [
             f"MemoryEstimate({self.model or 'model'}: peak {format_bytes(self.peak_bytes)} "
-            f"per GPU, {self.route} route; {self._settings()})"
+            f"per GPU{self._phase_text()}, {self.route} route; {self._settings()})"
         ]
         for name, value in self.breakdown.items():
             if value:
                 lines.append(f"  {name:<16} {format_bytes(value):>12}")
         lines += [f"  assumes: {a}" for a in self.assumptions]
         return "\n".join(lines)
+
+    def _phase_text(self) -> str:
+        if len(self.step_peaks) < 2 or self.peak_phase is None:
+            return ""
+        others = ", ".join(
+            f"{phase} {format_bytes(value)}"
+            for phase, value in self.step_peaks.items()
+            if phase != self.peak_phase
+        )
+        return f" at the {self.peak_phase} ({others})"
 
     def _repr_html_(self) -> str:
         rows = [
@@ -297,7 +329,7 @@ class MemoryEstimate:
         ]
         head = html_table(
             [
-                ("peak per GPU", format_bytes(self.peak_bytes)),
+                ("peak per GPU", format_bytes(self.peak_bytes) + self._phase_text()),
                 ("route", self.route),
                 ("settings", self._settings()),
             ]
@@ -353,14 +385,20 @@ class TransformerConfig:
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
 
-    def parameter_count(self) -> int:
-        """Weights of attention, MLP, norms and embeddings (biases left out: < 0.1 %)."""
+    def layer_parameters(self) -> int:
+        """Weights of one transformer block: attention (q, k, v, o), MLP and its two norms."""
         h, d = self.hidden, self.dim_per_head
         attn = h * self.heads * d * 2 + h * self.key_value_heads * d * 2  # q, o, k, v
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn
-        per_layer = attn + mlp + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
-        return self.layers * per_layer + embeddings + h
+        return attn + mlp + 2 * h
+
+    def outer_parameters(self) -> int:
+        """Weights outside the blocks: embeddings, the output head unless tied, the final norm."""
+        return self.vocab_size * self.hidden * (1 if self.tied_embeddings else 2) + self.hidden
+
+    def parameter_count(self) -> int:
+        """Weights of attention, MLP, norms and embeddings (biases left out: < 0.1 %)."""
+        return self.layers * self.layer_parameters() + self.outer_parameters()
 
     _ALIASES: ClassVar[dict[str, tuple[str, ...]]] = {
         "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -463,14 +501,69 @@ def shard_model_states(
         out["gradients"] = math.ceil(out["gradients"] / p.dp)
     if p.dp > 1 and p.zero >= 3:
         out["parameters"] = math.ceil(out["parameters"] / p.dp)
-        notes.append(
-            "FSDP/ZeRO-3 also gathers one wrapped unit's full weights at a time (not counted)"
-        )
-    if p.dp > 1 and p.zero == 0:
-        notes.append(
-            "DDP gradient buckets add up to one gradient copy unless gradient_as_bucket_view"
-        )
     return out, notes
+
+
+def optimizer_update_bytes(
+    n_params: int, parallelism: Parallelism, optimizer: str | None = "adamw"
+) -> int:
+    """What Adam's update allocates beside the model states on one GPU: one fp32 copy of the
+    parameters it updates.
+
+    On CUDA, torch.optim's Adam/AdamW default to the foreach implementation, whose
+    intermediates are whole tensor lists: ``sqrt`` of every second moment at once (measured on
+    this CPU with ``foreach=True``: 32 MiB for 32 MiB of parameters). ``fused=True`` and the
+    for-loop form hold about one tensor's worth instead. Other optimizers: 0 (their updates run
+    in place).
+    """
+    if normalize_optimizer(optimizer) not in ("adam", "adamw"):
+        return 0
+    p = parallelism
+    share = p.tp * p.pp * (p.dp if p.dp > 1 and p.zero >= 1 else 1)
+    return math.ceil(n_params * 4 / share)
+
+
+def ddp_bucket_bytes(
+    gradient_bytes: int, parallelism: Parallelism, *, bucket_view: bool = False
+) -> tuple[int, str | None]:
+    """What DDP's gradient buckets add on one GPU, and the note that says so.
+
+    ``DistributedDataParallel`` copies each gradient into a flat bucket for its all-reduce: one
+    more copy of this GPU's gradients, unless ``gradient_as_bucket_view=True`` makes the
+    gradients views into the buckets (PyTorch's DDP documentation). Only plain DDP (ZeRO 0).
+    """
+    if parallelism.dp < 2 or parallelism.zero != 0:
+        return 0, None
+    if bucket_view:
+        return 0, "DDP gradient_as_bucket_view=True: the gradients live in the buckets"
+    return gradient_bytes, (
+        "DDP gradient buckets: one more copy of the gradients (PyTorch's default; "
+        "gradient_as_bucket_view=True saves it)"
+    )
+
+
+def fsdp_gathered_bytes(
+    cfg: TransformerConfig, parallelism: Parallelism, *, weight_bytes: int, grad_bytes: int
+) -> tuple[int, str | None]:
+    """Full (unsharded) weights and gradients FSDP holds on one GPU during the backward.
+
+    FSDP2 ``fully_shard`` on each block, then on the root: the root unit (embeddings, an untied
+    output head, the final norm) is not resharded after the forward (torch's documented
+    heuristic for the root), and its gradients stay unsharded until the backward reaches the
+    embedding, the last thing it computes; meanwhile one block is gathered with the next one
+    prefetched, and the block's own gradients are whole until their reduce-scatter. Each is
+    split over tensor ranks. Only FSDP / ZeRO-3 over more than one rank.
+    """
+    p = parallelism
+    if p.dp < 2 or p.zero != 3:
+        return 0, None
+    root = cfg.outer_parameters() / p.tp
+    block = cfg.layer_parameters() / p.tp
+    total = root * (weight_bytes + grad_bytes) + block * (2 * weight_bytes + grad_bytes)
+    return math.ceil(total), (
+        "FSDP gathers whole units: the root's weights and gradients (embeddings, head) for the "
+        "backward, one block and the prefetched next"
+    )
 
 
 def estimate_transformer(
@@ -485,14 +578,20 @@ def estimate_transformer(
     flash_attention: bool = True,
     dropout: bool = False,
     training: bool = True,
+    ddp_bucket_view: bool = False,
+    micro_batches: int | None = None,
     name: str = "",
 ) -> MemoryEstimate:
     """Peak memory per GPU of a transformer training step (or, with ``training=False``, of
     generation with its KV cache) from its config; see the module docstring for the sources.
 
     The peak is taken at the start of the backward pass: model states, all kept activations,
-    the logits and their gradient (``temporaries``). ``checkpointing``: None/"none", "full"
-    (each layer keeps its input; one layer's activations are rebuilt at a time).
+    the logits and their gradient (``temporaries``), and under ``parallelism`` what the wrapper
+    holds beside them (``other``: DDP's gradient buckets unless ``ddp_bucket_view``, FSDP's
+    gathered units). ``checkpointing``: None/"none", "full" (each layer keeps its input; one
+    layer's activations are rebuilt at a time). ``micro_batches``: per step under pipeline
+    parallelism (1F1B holds min(m, pp) of them on the first stage; default pp). The optimizer
+    step is a second peak (``step_peaks``); ``peak_bytes`` is the larger of the two.
     """
     cfg = (
         config if isinstance(config, TransformerConfig) else TransformerConfig.from_mapping(config)
@@ -515,6 +614,16 @@ def estimate_transformer(
         "optimizer_state": int(n_params * bpp.optimizer_state),
     }
     sharded, notes = shard_model_states(states, par)
+    wrappers = buckets = 0
+    if training:
+        buckets, bucket_note = ddp_bucket_bytes(
+            sharded["gradients"], par, bucket_view=ddp_bucket_view
+        )
+        gathered, gather_note = fsdp_gathered_bytes(
+            cfg, par, weight_bytes=int(bpp.weights), grad_bytes=int(bpp.gradients)
+        )
+        wrappers = buckets + gathered
+        notes += [n for n in (bucket_note, gather_note) if n]
     assumptions = [
         f"{cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, "
         f"{n_params / 1e9:.3g} B parameters (biases left out)",
@@ -523,6 +632,7 @@ def estimate_transformer(
     ]
     breakdown = dict.fromkeys(CATEGORIES, 0)
     breakdown.update(sharded)
+    breakdown["other"] = wrappers  # what DDP / FSDP hold beside the model states (notes say)
     if training:
         layers_here = cfg.layers  # 1F1B: the first stage holds p micro-batches of L/p layers
         per_layer = activation_bytes_per_layer(
@@ -543,6 +653,10 @@ def estimate_transformer(
             assumptions.append("full recomputation: each layer keeps its input (2sbh bytes)")
         else:
             activations = layers_here * per_layer
+        if par.pp > 1 and micro_batches is not None:
+            # 1F1B keeps at most min(m, p) micro-batches in flight on the first stage, each with
+            # L/p layers; the line above assumed p of them (the whole model's activations).
+            activations *= min(micro_batches, par.pp) / par.pp
         breakdown["activations"] = int(activations)
         # Logits in fp32 and their gradient, split over tensor ranks (vocab-parallel head).
         breakdown["temporaries"] = int(2 * 4 * seq * batch_size * cfg.vocab_size / par.tp)
@@ -563,8 +677,28 @@ def estimate_transformer(
         )
         per_sample = (breakdown["kv_cache"] + breakdown["temporaries"]) / batch_size
     peak = sum(breakdown.values())
+    step_peaks: dict[str, int] = {}
+    if training:
+        # The optimizer step: activations and the gathered units are gone, the states, the
+        # gradients and DDP's buckets are not, and Adam's foreach update adds its copy.
+        update = optimizer_update_bytes(n_params, par, opt)
+        at_step = {
+            **dict.fromkeys(CATEGORIES, 0),
+            **sharded,
+            "other": buckets,
+            "temporaries": update,
+        }
+        step_peaks = {"backward": int(peak), "optimizer step": sum(at_step.values())}
+        if update:
+            assumptions.append(
+                "optimizer step: Adam's foreach update holds one fp32 copy of the parameters "
+                "it updates (torch's default on CUDA; fused=True holds about one tensor)"
+            )
+        if step_peaks["optimizer step"] > peak:
+            breakdown, peak = at_step, step_peaks["optimizer step"]
     return MemoryEstimate(
         peak_bytes=int(peak),
+        step_peaks=step_peaks,
         breakdown=breakdown,
         route="formula",
         model=name or "transformer",
@@ -603,6 +737,11 @@ def with_parallelism(estimate: MemoryEstimate, parallelism: Any) -> MemoryEstima
     sharded, notes = shard_model_states(estimate.breakdown, par)
     for key in ("activations", "temporaries", "kv_cache"):
         sharded[key] = math.ceil(estimate.breakdown.get(key, 0) / par.tp)
+    buckets, bucket_note = ddp_bucket_bytes(sharded.get("gradients", 0), par)
+    sharded["other"] = sharded.get("other", 0) + buckets
+    notes += [bucket_note] if bucket_note else []
+    if par.dp > 1 and par.zero == 3:
+        notes.append("FSDP also gathers one wrapped unit's full weights at a time (not counted)")
     per_sample = (
         None if estimate.per_sample_bytes is None else math.ceil(estimate.per_sample_bytes / par.tp)
     )

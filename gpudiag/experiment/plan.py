@@ -582,6 +582,7 @@ def plan(
     zero_stages: Sequence[int] = (0, 1, 2, 3),
     sequence_parallel: bool | None = None,
     recompute: bool | None = None,
+    ddp_bucket_view: bool = False,
 ) -> Plan:
     """Rank the DP / FSDP (ZeRO 1-3) / TP / PP / SP layouts of a transformer over ``gpus``.
 
@@ -595,8 +596,9 @@ def plan(
     ``global_batch``: sequences per step (default: ``gpus``); ``micro_batch``: sequences per
     forward on one GPU. ``recompute``: None tries without full activation recomputation
     first, then with it when the layout does not fit; True/False forces it.
-    ``sequence_parallel``: None tries both with TP. Nothing runs: see the module docstring for
-    the formulas and assumptions, which the Plan repeats.
+    ``sequence_parallel``: None tries both with TP. ``ddp_bucket_view``: DDP layouts run with
+    ``gradient_as_bucket_view=True`` (no second copy of the gradients). Nothing runs: see the
+    module docstring for the formulas and assumptions, which the Plan repeats.
     """
     cfg, name = resolve_model(model_or_config)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
@@ -664,7 +666,7 @@ def plan(
                 continue
             chosen = None
             for ckpt in ckpt_choices:
-                est = _estimate(cfg, base, seq, prec, ckpt, name)
+                est = _estimate(cfg, base, seq, prec, ckpt, name, ddp_bucket_view)
                 lay = replace(
                     base,
                     checkpointing=ckpt,
@@ -703,7 +705,9 @@ def plan(
     fitting.sort(key=lambda lay: (lay.step_s or math.inf, lay.memory_bytes or 0))
     assumptions = (
         f"memory per GPU from the memory estimator ({prec} weights, AdamW, flash attention, "
-        f"micro-batch {micro_batch}); {headroom:.0%} of {format_bytes(memory)} kept free",
+        f"micro-batch {micro_batch}; DDP's gradient buckets "
+        f"{'as views' if ddp_bucket_view else 'a second gradient copy'}, FSDP's gathered "
+        f"units); {headroom:.0%} of {format_bytes(memory)} kept free",
         f"compute = 6 x {n_params / 1e9:.3g} B params x tokens (8x with recomputation) / (GPUs x "
         f"{peak:g} TFLOP/s {prec} peak x {mfu:.0%} MFU)",
         *link_notes,
@@ -745,9 +749,15 @@ def _topology(value: Any) -> Any:
 
 
 def _estimate(
-    cfg: TransformerConfig, lay: Layout, seq: int, prec: str, ckpt: str | None, name: str
+    cfg: TransformerConfig,
+    lay: Layout,
+    seq: int,
+    prec: str,
+    ckpt: str | None,
+    name: str,
+    ddp_bucket_view: bool,
 ) -> MemoryEstimate:
-    est = estimate_transformer(
+    return estimate_transformer(
         cfg,
         batch_size=lay.micro_batch,
         seq_len=seq,
@@ -755,13 +765,7 @@ def _estimate(
         optimizer="adamw",
         checkpointing=ckpt,
         parallelism=lay.parallelism,
+        ddp_bucket_view=ddp_bucket_view,
+        micro_batches=lay.micro_batches,
         name=name,
     )
-    if lay.pp > 1:
-        # 1F1B keeps at most min(m, p) micro-batches in flight on the first stage, each with
-        # L/p layers; the estimator assumes p of them (the whole model's activations).
-        in_flight = min(lay.micro_batches, lay.pp) / lay.pp
-        acts = int(est.breakdown.get("activations", 0) * in_flight)
-        breakdown = {**est.breakdown, "activations": acts}
-        est = replace(est, breakdown=breakdown, peak_bytes=sum(breakdown.values()))
-    return est

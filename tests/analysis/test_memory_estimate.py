@@ -74,23 +74,33 @@ def test_llama2_7b_from_its_hugging_face_config() -> None:
     cfg = me.TransformerConfig.from_mapping(config)
     # Meta's published size: 6.74 B parameters (Llama 2 paper, Table 1 rounds it to 7B).
     assert cfg.parameter_count() / 1e9 == pytest.approx(6.74, abs=0.01)
+    n = cfg.parameter_count()
     est = me.estimate_transformer(config, batch_size=1, seq_len=4096, precision="bf16")
-    assert est.breakdown["parameters"] + est.breakdown["gradients"] + est.breakdown[
-        "optimizer_state"
-    ] == pytest.approx(16 * cfg.parameter_count(), rel=1e-6)
-    assert est.peak_bytes == sum(est.breakdown.values())
+    states = sum(est.breakdown[k] for k in ("parameters", "gradients", "optimizer_state"))
+    assert states == pytest.approx(16 * n, rel=1e-6)
+    assert est.peak_bytes == sum(est.breakdown.values()) == max(est.step_peaks.values())
+    # At batch 1 the peak is Adam's update: the states plus one fp32 copy of the parameters
+    # (foreach), 20 bytes per parameter, above the backward's 16 + 17 GB of activations.
+    acts = 32 * me.activation_bytes_per_layer(cfg, 1, 4096, flash_attention=True, dropout=False)
+    assert est.peak_phase == "optimizer step"
+    assert est.breakdown["temporaries"] == pytest.approx(4 * n, rel=1e-6)
+    assert est.breakdown["activations"] == 0
+    logits = 2 * 4 * 4096 * 32000
+    assert est.step_peaks["backward"] == pytest.approx(states + acts + logits, rel=1e-6)
+    assert "at the optimizer step (backward" in repr(est)
     fsdp = me.estimate_transformer(config, seq_len=4096, parallelism="fsdp:8")
-    assert fsdp.breakdown["optimizer_state"] == pytest.approx(
-        est.breakdown["optimizer_state"] / 8, rel=1e-6
-    )
-    assert fsdp.breakdown["activations"] == est.breakdown["activations"]
+    assert fsdp.breakdown["optimizer_state"] == pytest.approx(12 * n / 8, rel=1e-6)
+    assert fsdp.peak_phase == "backward"
+    assert fsdp.breakdown["activations"] == pytest.approx(acts, rel=1e-6)  # FSDP keeps them all
     ckpt = me.estimate_transformer(config, seq_len=4096, checkpointing=True)
-    assert ckpt.breakdown["activations"] < est.breakdown["activations"] / 4
+    assert ckpt.step_peaks["backward"] - states - logits < acts / 4
     gen = me.estimate_transformer(config, seq_len=4096, training=False, precision="fp16")
     assert gen.breakdown["kv_cache"] == 2 * 32 * 32 * 128 * 4096 * 2
     assert gen.breakdown["gradients"] == gen.breakdown["optimizer_state"] == 0
-    assert est.at_batch(2) > est.peak_bytes
+    # Batch 2 moves the backward above the update; the update is a floor no batch goes under.
+    assert est.at_batch(2) == est.step_peaks["backward"] + est.per_sample_bytes > est.peak_bytes
     assert est.largest_batch(est.at_batch(3)) == 3
+    assert est.largest_batch(est.peak_bytes - 1) == 0
 
 
 def test_parallelism_parsing_and_errors() -> None:
@@ -125,3 +135,53 @@ def test_estimate_report_is_escaped_and_json_safe() -> None:
     assert data["route"] == "formula"
     assert "peak" in repr(est)
     assert "activations" in repr(est)
+
+
+SMALL = me.TransformerConfig(layers=2, hidden=384, heads=6, vocab_size=8192, seq_len=32)
+
+
+def test_ddp_buckets_are_a_second_gradient_copy_unless_they_are_views() -> None:
+    ddp = me.estimate_transformer(SMALL, precision="fp32", parallelism="ddp:2", seq_len=32)
+    view = me.estimate_transformer(
+        SMALL, precision="fp32", parallelism="ddp:2", seq_len=32, ddp_bucket_view=True
+    )
+    one = me.estimate_transformer(SMALL, precision="fp32", seq_len=32)
+    grads = 4 * SMALL.parameter_count()
+    assert ddp.breakdown["other"] == ddp.breakdown["gradients"] == grads
+    assert view.breakdown["other"] == one.breakdown["other"] == 0
+    assert ddp.peak_bytes - view.peak_bytes == grads
+    assert any("gradient_as_bucket_view=True saves it" in a for a in ddp.assumptions)
+    # ZeRO-1 shards the optimizer state and does not use DDP's buckets.
+    zero1 = me.estimate_transformer(SMALL, precision="fp32", parallelism="zero1:2", seq_len=32)
+    assert zero1.step_peaks["backward"] < ddp.step_peaks["backward"]
+
+
+def test_fsdp_holds_the_root_unit_and_two_blocks_whole_in_the_backward() -> None:
+    est = me.estimate_transformer(SMALL, precision="fp32", parallelism="fsdp:2", seq_len=32)
+    root = 8192 * 384 + 384  # tied embedding / head and the final norm
+    block = 12 * 384 * 384 + 2 * 384
+    assert SMALL.outer_parameters() == root
+    assert SMALL.layer_parameters() == block
+    # The root's weights and gradients; the current block, the prefetched one and its gradients.
+    assert est.breakdown["other"] == root * (4 + 4) + block * (2 * 4 + 4)
+    tp2 = me.estimate_transformer(SMALL, precision="fp32", parallelism="fsdp:2,tp:2", seq_len=32)
+    assert tp2.breakdown["other"] == pytest.approx(est.breakdown["other"] / 2, abs=1)
+    assert est.peak_phase == "backward"
+
+
+def test_adam_update_is_a_floor_that_sgd_does_not_have() -> None:
+    n = SMALL.parameter_count()
+    adam = me.estimate_transformer(SMALL, precision="fp32", seq_len=32, batch_size=1)
+    sgd = me.estimate_transformer(SMALL, precision="fp32", seq_len=32, optimizer="sgd")
+    assert adam.step_peaks["optimizer step"] == 5 * 4 * n  # params, grads, 2 moments, update
+    assert sgd.step_peaks["optimizer step"] == 2 * 4 * n
+    assert me.optimizer_update_bytes(n, me.Parallelism.parse("fsdp:4")) == 4 * n // 4
+    assert me.optimizer_update_bytes(n, me.Parallelism.parse("ddp:4")) == 4 * n
+    # A batch that shrinks the backward's peak never goes under the update's.
+    assert adam.peak_phase == "optimizer step"
+    assert adam.at_batch(1) == adam.peak_bytes
+    assert adam.largest_batch(adam.step_peaks["optimizer step"] - 1) == 0
+    big = adam.largest_batch(adam.step_peaks["optimizer step"] * 2)
+    assert big > 1
+    assert adam.at_batch(big) <= adam.step_peaks["optimizer step"] * 2
+    assert adam.to_dict()["peak_phase"] == "optimizer step"

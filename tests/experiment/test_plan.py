@@ -107,6 +107,35 @@ def test_tensor_parallel_traffic_is_cheaper_over_nvlink_than_pcie() -> None:
     assert any("PCIe" in a for a in pcie.assumptions)
 
 
+def test_ddp_layouts_count_the_bucket_copy_unless_buckets_are_views() -> None:
+    default = plan(SMALL, gpus=8, seq_len=2048, global_batch=64, zero_stages=(0,))
+    views = plan(
+        SMALL, gpus=8, seq_len=2048, global_batch=64, zero_stages=(0,), ddp_bucket_view=True
+    )
+    a, b = default.layouts[0], views.layouts[0]
+    assert (a.dp, a.tp, a.pp) == (b.dp, b.tp, b.pp)
+    assert a.dp > 1
+    assert a.memory_breakdown["other"] == a.memory_breakdown["gradients"] > 0
+    assert b.memory_breakdown["other"] == 0
+    assert "a second gradient copy" in default.assumptions[0]
+    assert "as views" in views.assumptions[0]
+
+
+def test_pipeline_stage_holds_the_micro_batches_in_flight() -> None:
+    cfg = {"layers": 32, "hidden": 2048, "heads": 16, "vocab_size": 32000}
+    p = plan(cfg, gpus=8, seq_len=2048, global_batch=16, zero_stages=(0,), recompute=False)
+    lay = next(lay for lay in p.layouts if (lay.dp, lay.tp, lay.pp) == (2, 1, 4))
+    whole = estimate_transformer(
+        cfg, batch_size=1, seq_len=2048, precision="bf16", parallelism=lay.parallelism
+    )
+    # m = 8 >= p = 4: the first stage holds 4 micro-batches of 8 layers, the model's worth.
+    assert lay.memory_breakdown["activations"] == whole.breakdown["activations"] > 0
+    two = estimate_transformer(
+        cfg, batch_size=1, seq_len=2048, parallelism=lay.parallelism, micro_batches=2
+    )
+    assert two.breakdown["activations"] == pytest.approx(whole.breakdown["activations"] / 2, 1)
+
+
 def test_pipeline_bubble_follows_the_1f1b_formula() -> None:
     cfg = {"layers": 32, "hidden": 2048, "heads": 16, "vocab_size": 32000}
     p = plan(cfg, gpus=8, seq_len=2048, global_batch=16, zero_stages=(0,))
