@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules._facts import span_us, trace_source
@@ -51,6 +51,16 @@ def gpu_idle_after_syncs(syncs: list[Any]) -> float:
     return total
 
 
+def _not_the_optimizers(syncs: Iterable[Any]) -> list[Any]:
+    """Drop the host reads torch.optim makes inside its own ``step`` unless a wait showed.
+
+    Adam and friends keep their step counts on the host unless ``capturable`` or ``fused``, and
+    read them with ``.item()`` once per parameter: nothing waits for the GPU there, and it is
+    not a line the user wrote. A call that did leave the GPU idle is kept.
+    """
+    return [s for s in syncs if s.optimizer is None or s.gpu_gap_us > 0]
+
+
 def _outermost(syncs: list[Any]) -> list[Any]:
     """Drop sync calls made inside another recorded sync (``.item()`` -> its stream sync),
     so a wait is counted once."""
@@ -71,7 +81,7 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     if not trace.has_gpu_events:
         yield from _host_conversions_on_cpu(trace)
         return
-    syncs = trace.syncs()
+    syncs = _not_the_optimizers(trace.syncs())
     if not syncs:
         return
     steps = {s.number: s.duration_us for s in trace.steps()}
@@ -137,7 +147,7 @@ def _host_conversions_on_cpu(trace: TraceReport) -> Iterator[Finding]:
     step_numbers = {s.number for s in steps}
     mine = [
         s
-        for s in _outermost(list(trace.syncs()))
+        for s in _outermost(_not_the_optimizers(trace.syncs()))
         if s.call_site is not None and (not step_numbers or s.step in step_numbers)
     ]
     if not mine:

@@ -153,3 +153,33 @@ def test_one_logged_loss_per_step_is_not_a_finding() -> None:
 
     wl.loss = loss
     assert "sync.host_sync_in_step" not in _diagnose(wl, scaling=False).ids()
+
+
+def test_the_optimizers_own_item_calls_are_not_the_users_syncs() -> None:
+    # The user's step calls opt.step() itself, so the innermost user frame of AdamW's
+    # per-parameter `.item()` on its host step counters is that line. Those reads wait for
+    # nothing on a GPU (the counters live on the host); they must not be reported as the
+    # user's syncs. The same step with per-sample logging still is.
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(32, 64)
+    log_each_sample = [False]
+
+    def step() -> None:
+        out = model(x).pow(2).mean(dim=1)
+        if log_each_sample[0]:
+            assert len([v.item() for v in out.detach()]) == 32
+        out.mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    quiet = _diagnose(Workload.from_step(step), scaling=False)
+    assert "sync.host_sync_in_step" not in quiet.ids(), quiet
+    assert quiet.trace is not None
+    from_adamw = [s for s in quiet.trace.syncs() if s.optimizer == "AdamW"]
+    assert len(from_adamw) >= 16  # 16 parameters, one read each per step: seen, attributed
+    log_each_sample[0] = True
+    loud = _diagnose(Workload.from_step(step), scaling=False)
+    finding = next(f for f in loud.findings if f.id == "sync.host_sync_in_step")
+    per_step = next(e for e in finding.evidence if e.name == "host conversions per step")
+    assert per_step.value == 32  # the logging only, not AdamW's 16

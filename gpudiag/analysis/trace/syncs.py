@@ -61,6 +61,9 @@ class SyncEvent:
     # CPU-only trace, or when the GPU was still busy (a wait on another stream).
     gpu_gap_start_us: float | None = None
     gpu_gap_end_us: float | None = None
+    # The torch.optim optimizer whose ``step`` made the call ("AdamW"), from the
+    # ``Optimizer.step#AdamW.step`` range torch records around every step; None outside one.
+    optimizer: str | None = None
 
     @property
     def gpu_gap_us(self) -> float:
@@ -115,6 +118,39 @@ class _PythonFrames:
         return _first_user_frame([names[int(self.events.name[rows[i]])] for i in order])
 
 
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#([A-Za-z_][\w.]*)\.step$")
+
+
+class _OptimizerSteps:
+    """The ``Optimizer.step#<Name>.step`` ranges torch.optim records, per thread."""
+
+    def __init__(self, events: Events) -> None:
+        names = {
+            i: m.group(1) for i, n in enumerate(events.names) if (m := _OPTIMIZER_STEP.match(n))
+        }
+        self.events = events
+        self.names = names
+        self.by_thread: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        if not names:
+            return
+        ids = np.fromiter(names, dtype=np.int64, count=len(names))
+        rows = np.flatnonzero((events.kind == Kind.ANNOTATION) & np.isin(events.name, ids))
+        for t in np.unique(events.thread[rows]).tolist():
+            r = rows[events.thread[rows] == t]
+            r = r[np.argsort(events.ts[r], kind="stable")]
+            self.by_thread[t] = (r, events.ts[r], events.ts[r] + events.dur[r])
+
+    def around(self, thread: int, start: float, end: float) -> str | None:
+        entry = self.by_thread.get(thread)
+        if entry is None:
+            return None
+        rows, starts, ends = entry
+        i = int(np.searchsorted(starts, start, side="right")) - 1
+        if i < 0 or ends[i] < end:
+            return None
+        return self.names.get(int(self.events.name[rows[i]]))
+
+
 def _gap_at(
     busy: tuple[np.ndarray, np.ndarray] | None, start: float, end: float
 ) -> tuple[float, float] | None:
@@ -150,6 +186,7 @@ def find_syncs(
     rows = np.flatnonzero(host_mask & kinds_ok & np.isin(events.name, sync_name_ids))
     rows = rows[np.argsort(events.ts[rows], kind="stable")]
     frames = _PythonFrames(events)
+    optimizer_steps = _OptimizerSteps(events)
     step_idx = step_of(steps, events.ts[rows])
     out: list[SyncEvent] = []
     for i, row in enumerate(rows.tolist()):
@@ -184,6 +221,11 @@ def find_syncs(
                 call_site=site,
                 gpu_gap_start_us=gap[0] if gap else None,
                 gpu_gap_end_us=gap[1] if gap else None,
+                optimizer=optimizer_steps.around(
+                    int(events.thread[row]),
+                    float(events.ts[row]),
+                    float(events.ts[row] + events.dur[row]),
+                ),
             )
         )
     return tuple(out)
