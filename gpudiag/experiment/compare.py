@@ -150,11 +150,14 @@ class Comparison:
         if fix is None:
             measured = self._measured()
             if not measured:
-                reasons = "; ".join(f"{label}: {why}" for label, why in self.skipped) or (
-                    "; ".join(f"{a.label}: {a.error}" for a in self.arms if a.error)
-                    or "no fixes were given"
+                reasons = [f"{label}: {why}" for label, why in self.skipped]
+                reasons += [
+                    f"{a.label}: {_verdict_cell(a)}" for a in self.arms if not a.is_baseline
+                ]
+                raise GpuDiagError(
+                    "no fix was measured in this comparison "
+                    f"({'; '.join(reasons) or 'no fixes were given'})"
                 )
-                raise GpuDiagError(f"no fix was measured in this comparison ({reasons})")
             return max(measured, key=lambda a: a.speedup.value if a.speedup else -math.inf)
         for a in self.arms:
             if isinstance(fix, str) and a.label == fix:

@@ -227,3 +227,8 @@ def test_one_round_is_not_judged_and_says_so(fake_clock: Any, bf16_cpu: Any) -> 
     assert (arm.verdict, arm.error) == (None, None)
     assert "not judged: 1 round(s), at least 2 needed" in repr(c)
     assert "error: None" not in repr(c) + c._repr_html_()
+    from gpudiag.errors import GpuDiagError
+
+    # The accessor says the same, not "no fixes were given" (a fix was given).
+    with pytest.raises(GpuDiagError, match=r"precision\.bf16: not judged: 1 round"):
+        c.arm()
