@@ -138,6 +138,13 @@ def run(path: Path, top: int, refs: dict[str, Any]) -> list[str]:
             f"   attention: {att.eager_calls} eager ({att.eager_us / 1e3:.1f} ms), "
             f"{att.math_calls} SDPA math, {att.fused_calls} fused "
             f"({', '.join(att.fused_backends) or '-'}, {att.fused_us / 1e3:.1f} ms)"
+            + (
+                f", {att.unlaunched_kernels} fused-attention kernels no recorded operator "
+                f"launched ({', '.join(att.unlaunched_libraries)}, "
+                f"{att.unlaunched_us / 1e3:.1f} ms)"
+                if att.unlaunched_kernels
+                else ""
+            )
         )
     for i, f in enumerate(diagnosis.findings[:top], 1):
         gain = "n/a" if f.estimated_gain is None else f"{100 * f.estimated_gain:.2f}%"

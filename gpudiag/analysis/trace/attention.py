@@ -6,7 +6,10 @@ matmul(P, V)`` as sibling operators under one parent (a module's forward, SDPA's
 operator, or the top of a thread when the profile recorded no modules). A softmax without a
 matmul on both sides (a classifier head, a gate, a convex sum) is not attention. Fused
 attention is one operator: SDPA's flash / efficient / cuDNN backends or a library's
-attention operator (flash-attn, aiter's mha, FlashInfer, ...).
+attention operator (flash-attn, aiter's mha, FlashInfer, ...). A fused-attention kernel (by
+its name, ``kernel_classes.ATTENTION_FAMILIES``) that no recorded operator launched, as in a
+CUDA/HIP graph replay where only the graph launch is recorded, or work queued before the
+capture began, is counted apart (``unlaunched_kernels``), under its library's name.
 
 Times are the kernels the operators launched (GPU traces) or the operators' own time
 (CPU-only traces), in microseconds.
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from gpudiag.analysis.trace.kernel_classes import ATTENTION_FAMILIES, classify_kernel
 from gpudiag.analysis.trace.model import I64, Bool, Events, Kind, fields_json
 from gpudiag.analysis.trace.nesting import Nesting
 
@@ -76,6 +80,11 @@ class AttentionUse:
     fused_calls: int = 0
     fused_us: float = 0.0
     fused_backends: tuple[str, ...] = ()
+    # Fused-attention kernels no recorded operator launched (a CUDA/HIP graph replay, or work
+    # queued before the capture began), by their library: counted apart from the calls above.
+    unlaunched_kernels: int = 0
+    unlaunched_us: float = 0.0
+    unlaunched_libraries: tuple[str, ...] = ()
     pattern: tuple[str, ...] = ()  # the operators of one eager call, in order
     timed_on: str = "gpu"  # "gpu": kernels the operators launched; "host": operator time
     # Host rows of the QK^T / PV operators of eager calls (for the shape rules).
@@ -87,7 +96,12 @@ class AttentionUse:
 
     @property
     def found(self) -> bool:
-        return self.eager_calls > 0 or self.math_calls > 0 or self.fused_calls > 0
+        return (
+            self.eager_calls > 0
+            or self.math_calls > 0
+            or self.fused_calls > 0
+            or self.unlaunched_kernels > 0
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = fields_json(self)
@@ -111,6 +125,11 @@ class AttentionUse:
             fused_calls=sum(p.fused_calls for p in items),
             fused_us=sum(p.fused_us for p in items),
             fused_backends=tuple(dict.fromkeys(b for p in items for b in p.fused_backends)),
+            unlaunched_kernels=sum(p.unlaunched_kernels for p in items),
+            unlaunched_us=sum(p.unlaunched_us for p in items),
+            unlaunched_libraries=tuple(
+                dict.fromkeys(b for p in items for b in p.unlaunched_libraries)
+            ),
             pattern=next((p.pattern for p in items if p.pattern), ()),
             timed_on=items[0].timed_on,
         )
@@ -224,7 +243,7 @@ def attention_use(
     ]
     backward_ids = [ids[n] for n in SOFTMAX_BACKWARD_OPS if n in ids]
     if not softmax_ids and not fused_ids:
-        return AttentionUse()
+        return _without_operator(events, gpu_rows, op_of_row, AttentionUse())
     is_op = host & (events.kind == Kind.CPU_OP)
 
     def outermost(rows: I64, same: set[int]) -> list[int]:
@@ -267,7 +286,7 @@ def attention_use(
         measured = sum(work.us[r] for r in backward) * len(hand) / max(len(softmax), 1)
         backward_us = measured + 2.0 * sum(work.us[p[0]] + work.us[p[-1]] for p, _ in hand)
     backends = [_backend(name_of(r)) for r in fused]
-    return AttentionUse(
+    found = AttentionUse(
         eager_calls=len(hand),
         forward_us=forward,
         softmax_us=soft,
@@ -281,4 +300,43 @@ def attention_use(
         pattern=tuple(name_of(r) for r in hand[0][0]) if hand else (),
         timed_on="gpu" if work.on_gpu else "host",
         matmul_rows=frozenset(matmuls),
+    )
+    return _without_operator(events, gpu_rows, op_of_row, found)
+
+
+def _without_operator(
+    events: Events, gpu_rows: I64, op_of_row: I64, found: AttentionUse
+) -> AttentionUse:
+    """``found`` plus the fused-attention kernels no fused-attention operator launched (a
+    graph replay records only the graph's launch), by their library."""
+    kernels = gpu_rows[events.kind[gpu_rows] == Kind.KERNEL]
+    if kernels.size == 0:
+        return found
+    launchers = op_of_row[events.kind[gpu_rows] == Kind.KERNEL]
+    name_ids, inverse = np.unique(events.name[kernels], return_inverse=True)
+    library = {
+        i: cls.provider or cls.family
+        for i, name_id in enumerate(name_ids.tolist())
+        if (cls := classify_kernel(events.names[name_id])).family in ATTENTION_FAMILIES
+    }
+    if not library:
+        return found
+    calls, us, libraries = 0, 0.0, []
+    for k, launcher in enumerate(launchers.tolist()):
+        lib = library.get(int(inverse[k]))
+        # A kernel an operator launched is that operator's (a fused forward counted above,
+        # or a backward operator, which the forward figures leave out).
+        if lib is None or launcher >= 0:
+            continue
+        calls += 1
+        us += float(events.dur[kernels[k]])
+        libraries.append(lib)
+    if not calls:
+        return found
+    return replace(
+        found,
+        unlaunched_kernels=calls,
+        unlaunched_us=us,
+        unlaunched_libraries=tuple(dict.fromkeys(libraries)),
+        timed_on="gpu",
     )

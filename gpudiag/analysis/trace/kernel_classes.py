@@ -466,10 +466,19 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "AOTriton",
         None,
     ),
-    # Composable Kernel: xdl(ops)/wmma/mfma kernels and FMHA/GEMM tiles use matrix cores.
+    # Composable Kernel: FMHA (attention: aiter's mha_* launch these) and xdl(ops)/wmma/mfma
+    # kernels and GEMM tiles use matrix cores.
+    _row(
+        "ck-fmha",
+        r"(?:_ZN2ck|ck::|ck_tile|_ZN7ck_tile)[\w:]*?(?:Fmha|fmha)",
+        COMPUTE,
+        True,
+        "Composable Kernel",
+        AMD,
+    ),
     _row(
         "ck-matrix",
-        r"(?:_ZN2ck|ck::|ck_tile|_ZN7ck_tile)[\w:]*?(?:xdl|wmma|mfma|Fmha|fmha|Gemm|gemm)",
+        r"(?:_ZN2ck|ck::|ck_tile|_ZN7ck_tile)[\w:]*?(?:xdl|wmma|mfma|Gemm|gemm)",
         COMPUTE,
         True,
         "Composable Kernel",
@@ -552,11 +561,20 @@ FAMILIES: tuple[KernelFamily, ...] = (
         _no_dtype,
     ),
     _row("triton-template", r"^triton_tem_", COMPUTE, None, "Triton (inductor)", None, _no_dtype),
-    # OpenAI triton_kernels' matmul_ogs (vLLM/SGLang MoE) and vLLM's Triton attention.
+    # vLLM's Triton attention (kernel_unified_attention_2d/3d) and the Triton attention
+    # kernels of SGLang / LightLLM (_fwd_kernel, _fwd_grouped_kernel): tl.dot, tensor cores.
+    _row(
+        "triton-attention",
+        r"^kernel_unified_attention|^_fwd_kernel|^_fwd_grouped_kernel",
+        COMPUTE,
+        True,
+        "Triton",
+        None,
+    ),
+    # OpenAI triton_kernels' matmul_ogs (vLLM/SGLang MoE).
     _row(
         "triton-matmul",
-        r"^_?matmul_ogs_|^_p_matmul_ogs|^fused_moe_kernel|^_fused_moe|^kernel_unified_attention|"
-        r"^_fwd_kernel|^_fwd_grouped_kernel",
+        r"^_?matmul_ogs_|^_p_matmul_ogs|^fused_moe_kernel|^_fused_moe",
         COMPUTE,
         True,
         "Triton",
@@ -587,6 +605,21 @@ FAMILIES: tuple[KernelFamily, ...] = (
 )
 
 UNKNOWN_FAMILY = "unknown"
+
+# The families whose kernels are fused attention (one kernel for QK^T, softmax and PV).
+ATTENTION_FAMILIES: frozenset[str] = frozenset(
+    {
+        "trtllm-fmha",
+        "cudnn-sdpa",
+        "flash-attention",
+        "mem-efficient-attention-simt",
+        "mem-efficient-attention",
+        "flashinfer-attention",
+        "aotriton",
+        "ck-fmha",
+        "triton-attention",
+    }
+)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -121,6 +121,9 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
     ("_ZN2ck16tensor_operation6device37kernel_batched_gemm_xdlops_bwd_weightINS_47Gridwise"
      "Gemm_bk0mk1_bk0nk1_mn_xdlops_bwd_weightILi64EttftLNS_25InMemoryDataOperation",
      "ck-matrix", COMPUTE, True, AMD, None, "recorded"),
+    ("_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40BlockFmha"
+     "BatchPrefillPipelineQRKSVSAsyncINS_36BlockFmhaBatchPrefillPipelineProblemIDF16bDF16b",
+     "ck-fmha", COMPUTE, True, AMD, None, "recorded"),
     ("_ZN7ck_tile6kentryILi1ENS_12Rmsnorm2dFwdINS_27Rmsnorm2dFwdPipelineOnePassINS_27"
      "Rmsnorm2dFwdPipelineProblemIDF16bDF16bfDF16b", "ck", COMPUTE, False, AMD, None,
      "recorded"),
@@ -138,7 +141,8 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
     ("triton__0d1d2d3d", "triton", COMPUTE, None, None, None, "recorded"),
     ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1", "triton-matmul", COMPUTE, True, None,
      "bf16", "recorded"),
-    ("kernel_unified_attention_3d", "triton-matmul", COMPUTE, True, None, None, "recorded"),
+    ("kernel_unified_attention_3d", "triton-attention", COMPUTE, True, None, None, "recorded"),
+    ("_fwd_grouped_kernel_stage1", "triton-attention", COMPUTE, True, None, None, "published"),
     # -- PyTorch elementwise / reductions: plain compute ----------------------------------
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
      "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, "

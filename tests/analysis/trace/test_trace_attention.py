@@ -169,3 +169,24 @@ def test_attention_travels_in_to_dict(recorded: Any) -> None:
     attention = data["ranks"][0]["attention"]
     assert attention["fused_calls"] == 1
     assert "matmul_rows" not in attention
+
+
+def test_graph_replayed_attention_kernels_are_counted_apart(recorded: Any) -> None:
+    # vLLM decode in one full graph: only the graph launch is recorded, no operator launches
+    # its kernels. Its attention is vLLM's Triton unified attention, 12 + 12 kernels.
+    use = recorded("tracelens-inference-vllm_decode_full-graph_execution.json.gz").attention()
+    assert use.fused_calls == 0
+    assert use.unlaunched_kernels == 24
+    assert use.unlaunched_libraries == ("Triton",)
+    assert use.unlaunched_us == pytest.approx(493.906 + 161.786, abs=0.01)
+    assert use.found
+    assert use.to_dict()["unlaunched_kernels"] == 24
+
+
+def test_kernels_queued_before_the_capture_do_not_change_the_call_count(recorded: Any) -> None:
+    # 11 attn_fwd kernels of the Qwen trace ran before its first recorded operator: their
+    # launches predate the capture. The SDPA calls stay TraceLens' 24; the 11 are counted apart.
+    use = recorded("tracelens-mi300-Qwen_Qwen1.5-0.5B-Chat.json.gz").attention()
+    assert use.fused_calls == 24
+    assert use.unlaunched_kernels == 11
+    assert use.unlaunched_libraries == ("AOTriton",)
