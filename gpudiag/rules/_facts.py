@@ -10,6 +10,7 @@ from gpudiag.probe.readings import Reading
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
+    from gpudiag.rules.evidence import EvidenceBundle
 
 # nvidia-smi's utilization.gpu at or above this means the GPU was running work when read:
 # below it, downclocked links and power caps are the idle power saving, not a problem.
@@ -52,11 +53,11 @@ def trace_source(trace: TraceReport | None) -> str:
     return f"trace ({len(ranks)} ranks)" if ranks else "trace"
 
 
-def trace_device(evidence: Any) -> tuple[tuple[int, int] | None, str]:
+def trace_device(evidence: EvidenceBundle) -> tuple[tuple[int, int] | None, str]:
     """Compute capability and name of the traced GPU (the trace's deviceProperties first,
     then the system report's primary GPU); (None, "") when neither tells."""
     trace = evidence.trace
-    for dev in getattr(trace, "device_properties", ()) if trace is not None else ():
+    for dev in trace.device_properties if trace is not None else ():
         cc = dev.compute_capability
         if cc is not None:
             return (int(cc[0]), int(cc[1])), str(dev.name)

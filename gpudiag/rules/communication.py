@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
@@ -19,6 +19,7 @@ from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, Severity
 
 if TYPE_CHECKING:
+    from gpudiag.analysis.trace.collectives import CollectiveReport
     from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "communication"
@@ -101,7 +102,7 @@ LATE_MEDIUM = 0.05
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
 
-def _median_span(trace: TraceReport, report: Any) -> float:
+def _median_span(trace: TraceReport, report: CollectiveReport) -> float:
     """The median rank's profiled time: its steps in the window, else its GPU span, else the
     time its matched collectives cover."""
     spans = []

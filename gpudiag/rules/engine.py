@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, esc, jsonable
-from gpudiag.errors import GpuDiagError
+
+# The evidence lives in its own module (the families import it without a cycle); these
+# names stay importable from here.
+from gpudiag.rules.evidence import NEEDS, EvidenceBundle
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
-    from gpudiag.experiment.batch_scaling import BatchScaling
     from gpudiag.probe.system import SystemReport
     from gpudiag.step import Workload
+
+__all__ = [
+    "FAMILIES",
+    "NEEDS",
+    "REGISTRY",
+    "Diagnosis",
+    "EvidenceBundle",
+    "Rule",
+    "RuleFn",
+    "load_rules",
+    "rule",
+    "run_rules",
+]
 
 # One module per family of rules; each registers its rules with @rule on import.
 FAMILIES: tuple[str, ...] = (
@@ -38,77 +52,6 @@ FAMILIES: tuple[str, ...] = (
     "topology",
     "memory",
 )
-
-# What each kind of evidence is, in words (for "not evaluated: missing ...").
-NEEDS: dict[str, str] = {
-    "system": "a system report (gd.inspect())",
-    "gpu": "an NVIDIA GPU (live or recorded)",
-    "trace": "a profiler trace (gd.profile / gd.analyze_trace)",
-    "gpu_trace": "a profiler trace with GPU kernels",
-    "samples": "monitor samples (gd.monitor)",
-    "code": "the workload's source code",
-    "runtime": "the process's torch settings (gpudiag.probe.runtime)",
-    "workload": "a workload (gd.Workload or a demo name)",
-    "memory": "memory evidence (gd.memory / gd.fit / gd.estimate_memory / a snapshot)",
-    "batch_scaling": "step times at two batch sizes (gd.diagnose(workload) with a "
-    "batch=(batch_size -> batch) workload)",
-}
-
-
-@dataclass(frozen=True)
-class EvidenceBundle:
-    """Everything the rules may look at; any part may be missing."""
-
-    system: SystemReport | None = None
-    trace: TraceReport | None = None
-    samples: Any = None  # monitor samples
-    workload: Workload | None = None
-    code: str | None = None  # source text to scan for API misuse
-    runtime: Mapping[str, Any] | None = None  # torch switches of this process
-    batch_scaling: BatchScaling | None = None
-    # measured collective bandwidth: CollectiveResults (gd.bench.allreduce, nccl-tests logs)
-    collectives: Any = None
-    memory: Any = None  # gpudiag.rules.memory.MemoryEvidence (it imports this module)
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-
-    # The parts a rule ``needs`` (the engine runs it only when they are there), typed.
-    def _present(self, need: str) -> Any:
-        value = getattr(self, need)
-        if value is None:
-            raise GpuDiagError(f"this rule needs {NEEDS.get(need, need)}")
-        return value
-
-    @property
-    def system_report(self) -> SystemReport:
-        """The system report, for a rule that ``needs`` "system" or "gpu"."""
-        report: SystemReport = self._present("system")
-        return report
-
-    @property
-    def trace_report(self) -> TraceReport:
-        """The trace, for a rule that ``needs`` "trace" or "gpu_trace"."""
-        report: TraceReport = self._present("trace")
-        return report
-
-    @property
-    def scaling_report(self) -> BatchScaling:
-        """The step times at two batch sizes, for a rule that ``needs`` "batch_scaling"."""
-        report: BatchScaling = self._present("batch_scaling")
-        return report
-
-    @property
-    def workload_given(self) -> Workload:
-        """The workload, for a rule that ``needs`` "workload"."""
-        workload: Workload = self._present("workload")
-        return workload
-
-    def has(self, need: str) -> bool:
-        if need == "gpu":
-            return self.system is not None and bool(self.system.gpus)
-        if need == "gpu_trace":
-            return self.trace is not None and bool(getattr(self.trace, "has_gpu_events", False))
-        return getattr(self, need) is not None
-
 
 # A rule yields findings, or NotEvaluated when its evidence exists but cannot tell.
 RuleFn = Callable[[EvidenceBundle], Iterable[Finding | NotEvaluated]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.probe.dcgm import PROFILING_PERMISSION_FIX
 from gpudiag.probe.model import Gpu
@@ -18,6 +18,9 @@ from gpudiag.probe.readings import Reading, Status
 from gpudiag.rules._facts import gib, gpu_label, is_busy, memory_used_fraction, source_of
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+
+if TYPE_CHECKING:
+    from gpudiag.rules.evidence import Samples
 
 CATEGORY = "hardware"
 
@@ -454,16 +457,17 @@ def persistence_off(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
 
 
-def _no_permission_series(samples: Any) -> list[tuple[str, str]] | None:
+def _no_permission_series(samples: Samples | None) -> list[tuple[str, str]] | None:
     """(series, reason) of monitor series that are N/A for lack of permission; None when the
     samples carry no N/A reasons. ``samples`` is a Monitor (``na_reasons()``), its
     ``to_dict()``, or a DataFrame whose ``attrs`` hold the same "na" map."""
     if samples is None:
         return None
-    if callable(getattr(samples, "na_reasons", None)):
+    na_reasons = getattr(samples, "na_reasons", None)
+    if callable(na_reasons):
         rows = [
             (f"{key.device}/{key.name}", getattr(status, "value", str(status)), reason)
-            for key, (status, reason) in samples.na_reasons().items()
+            for key, (status, reason) in na_reasons().items()
         ]
     else:
         table = samples if isinstance(samples, Mapping) else getattr(samples, "attrs", None)

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.memory_estimate import format_bytes
-from gpudiag.rules.engine import Diagnosis, EvidenceBundle, rule, run_rules
+from gpudiag.rules.engine import Diagnosis, rule, run_rules
+
+# MemoryEvidence lives beside EvidenceBundle (no import cycle); it stays importable from here.
+from gpudiag.rules.evidence import EvidenceBundle, MemoryEvidence
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
 
 if TYPE_CHECKING:
+    from gpudiag.analysis.memory_estimate import MemoryEstimate
+    from gpudiag.analysis.memory_snapshot import MemorySnapshot
+    from gpudiag.experiment.fit import FitResult
+    from gpudiag.experiment.memory_report import MemoryReport
+    from gpudiag.probe.cuda_memory import AllocatorStats
     from gpudiag.probe.system import SystemReport
 
 CATEGORY = "memory"
@@ -27,42 +34,6 @@ CHECKPOINTING_USELESS = 0.05  # checkpointing saves less than 5 % of the peak
 KV_DOMINATES = 0.5  # the KV cache is more than half of an inference peak
 
 
-@dataclass(frozen=True)
-class MemoryEvidence:
-    """What the memory rules look at; any part may be missing."""
-
-    report: Any = None  # gd.MemoryReport
-    fit: Any = None  # gd.FitResult
-    estimate: Any = None  # gd.MemoryEstimate
-    snapshot: Any = None  # gd.MemorySnapshot
-    budget_bytes: int | None = None
-    allocator: Any = None  # gpudiag.probe.cuda_memory.AllocatorStats
-    pid: int | None = None  # this process (to tell other processes on the GPU apart)
-
-    def peak(self) -> tuple[int, str] | None:
-        if self.report is not None and self.report.oom is None and self.report.peak_bytes:
-            return int(self.report.peak_bytes), "gd.memory (measured)"
-        if self.fit is not None:
-            return int(self.fit.estimate.peak_bytes), "gd.estimate_memory (traced)"
-        if self.estimate is not None:
-            return int(self.estimate.peak_bytes), f"gd.estimate_memory ({self.estimate.route})"
-        return None
-
-    def budget(self) -> int | None:
-        if self.budget_bytes:
-            return int(self.budget_bytes)
-        if self.fit is not None:
-            return int(self.fit.budget_bytes)
-        if self.report is not None and self.report.budget_bytes:
-            return int(self.report.budget_bytes)
-        return None
-
-
-def _memory(evidence: EvidenceBundle) -> MemoryEvidence:
-    mem = evidence.memory
-    return mem if isinstance(mem, MemoryEvidence) else MemoryEvidence()
-
-
 def _bytes(name: str, value: int, source: str) -> Evidence:
     return Evidence(name, round(value / 2**20, 1), "MiB", source)
 
@@ -70,7 +41,7 @@ def _bytes(name: str, value: int, source: str) -> Evidence:
 @rule("memory.over_budget", category=CATEGORY, needs=("memory",))
 def over_budget(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """The step runs out of memory, or its peak is above the budget."""
-    mem = _memory(evidence)
+    mem = evidence.memory_evidence
     oom = mem.report.oom if mem.report is not None else None
     budget = mem.budget()
     fix = _fitting_fix(mem)
@@ -138,7 +109,7 @@ def _fitting_fix(mem: MemoryEvidence) -> FixRef | None:
 @rule("memory.budget_headroom", category=CATEGORY, needs=("memory",))
 def headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """The step uses less than half the memory it has: a larger batch would fit."""
-    mem = _memory(evidence)
+    mem = evidence.memory_evidence
     peak, budget = mem.peak(), mem.budget()
     if peak is None or budget is None:
         yield NotEvaluated("memory.budget_headroom", "needs a peak and a memory budget")
@@ -170,7 +141,7 @@ def headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated
 @rule("memory.fragmentation", category=CATEGORY, needs=("memory",))
 def fragmentation(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """Much of the reserved memory is cached in split blocks: expandable segments help."""
-    mem = _memory(evidence)
+    mem = evidence.memory_evidence
     snap = mem.snapshot
     if snap is None:
         yield NotEvaluated("memory.fragmentation", "needs an allocator snapshot")
@@ -197,7 +168,7 @@ def fragmentation(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
 @rule("memory.reserved_unused", category=CATEGORY, needs=("memory",))
 def reserved_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """The caching allocator holds much more than live tensors, and has had to retry."""
-    stats = _memory(evidence).allocator
+    stats = evidence.memory_evidence.allocator
     if stats is None:
         yield NotEvaluated("memory.reserved_unused", "needs torch.cuda.memory_stats (a GPU)")
         return
@@ -224,7 +195,7 @@ def reserved_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated
 @rule("memory.other_process", category=CATEGORY, needs=("gpu", "memory"))
 def other_process(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Another process holds memory on a GPU this job uses."""
-    mem = _memory(evidence)
+    mem = evidence.memory_evidence
     own = mem.pid if mem.pid is not None else os.getpid()
     for gpu in evidence.system_report.gpus:
         procs = gpu.state.processes.get(None) or ()
@@ -261,7 +232,7 @@ def other_process(evidence: EvidenceBundle) -> Iterator[Finding]:
 @rule("memory.kv_cache_dominates", category=CATEGORY, needs=("memory",))
 def kv_cache_dominates(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Generation memory is mostly KV cache: batch x sequence, not the model, is the limit."""
-    est = _memory(evidence).estimate
+    est = evidence.memory_evidence.estimate
     if est is None or not est.peak_bytes:
         return
     kv = int(est.breakdown.get("kv_cache", 0))
@@ -286,7 +257,7 @@ def kv_cache_dominates(evidence: EvidenceBundle) -> Iterator[Finding]:
 @rule("memory.checkpointing_cannot_help", category=CATEGORY, needs=("memory",))
 def checkpointing_cannot_help(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Activation checkpointing is applied (or proposed) where it saves almost nothing."""
-    mem = _memory(evidence)
+    mem = evidence.memory_evidence
     if mem.fit is not None:
         rows = {w.label: w for w in mem.fit.whatifs}
         base = next(iter(rows.values()), None)
@@ -323,12 +294,12 @@ def _useless(saving: float | None, base: int, ckpt: int, source: str) -> Finding
 
 def memory_findings(
     *,
-    report: Any = None,
-    fit: Any = None,
-    estimate: Any = None,
-    snapshot: Any = None,
+    report: MemoryReport | None = None,
+    fit: FitResult | None = None,
+    estimate: MemoryEstimate | None = None,
+    snapshot: MemorySnapshot | None = None,
     budget_bytes: int | None = None,
-    allocator: Any = None,
+    allocator: AllocatorStats | None = None,
     system: SystemReport | None = None,
 ) -> Diagnosis:
     """Run the memory rules alone over what gd.memory / gd.fit / snapshots returned."""

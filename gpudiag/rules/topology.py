@@ -369,7 +369,7 @@ def _measured(evidence: EvidenceBundle) -> tuple[float, int, str] | None:
         if found is not None:
             return found
     trace = evidence.trace
-    if trace is None or not getattr(trace, "has_gpu_events", False):
+    if trace is None or not trace.has_gpu_events:
         return None
     best: tuple[float, int, str] | None = None
     for call in trace.collectives().calls:

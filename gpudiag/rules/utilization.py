@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gpudiag.rules.evidence import Samples
 
 CATEGORY = "utilization"
 
@@ -20,16 +25,17 @@ IMBALANCE_POINTS = 30.0
 MIN_SAMPLES = 10
 
 
-def _frame(samples: Any) -> Any:
+def _frame(samples: Samples) -> pd.DataFrame | None:
     """A monitor's samples as its DataFrame (columns (device, metric)); a Monitor is read."""
-    frame = samples.samples() if callable(getattr(samples, "samples", None)) else samples
+    read = getattr(samples, "samples", None)
+    frame = read() if callable(read) else samples
     columns = getattr(frame, "columns", None)
     if columns is None or getattr(columns, "nlevels", 1) != 2:
         return None
     return frame
 
 
-def _series(frame: Any, metric: str) -> dict[str, Any]:
+def _series(frame: pd.DataFrame, metric: str) -> dict[str, Any]:
     out = {}
     for device, name in frame.columns:
         if name == metric:
@@ -39,7 +45,7 @@ def _series(frame: Any, metric: str) -> dict[str, Any]:
     return out
 
 
-def _source(frame: Any) -> str:
+def _source(frame: pd.DataFrame) -> str:
     attrs = getattr(frame, "attrs", {}) or {}
     return "monitor recording" if attrs.get("recording") else "monitor samples"
 
@@ -47,7 +53,7 @@ def _source(frame: Any) -> str:
 @rule("util.gpu_utilization", category=CATEGORY, needs=("samples",))
 def gpu_utilization(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]:
     """GPU utilization low (p95 < 70 %) or fluctuating (p5 < 10 % with a high p95)."""
-    frame = _frame(evidence.samples)
+    frame = _frame(evidence.monitor_samples)
     util = _series(frame, "gpu_util_pct") if frame is not None else {}
     if not util:
         yield NotEvaluated(
@@ -106,7 +112,7 @@ def gpu_utilization(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated
 @rule("util.cpu_bottleneck", category=CATEGORY, needs=("samples",))
 def cpu_bottleneck(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Host CPU saturated while the GPUs are underused."""
-    frame = _frame(evidence.samples)
+    frame = _frame(evidence.monitor_samples)
     if frame is None:
         return
     cpu = _series(frame, "cpu_util_pct")
