@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
+
+from gpudiag._rank_exit import exit_process, joined_a_group
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     backend = args.backend or ("nccl" if cuda.available() else "gloo")
     dist.init_process_group(backend)
+    joined_a_group()
     try:
         rank = dist.get_rank()
 
@@ -63,4 +65,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -12,6 +12,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from gpudiag._rank_exit import exit_process
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -52,4 +54,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

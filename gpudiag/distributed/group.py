@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from gpudiag._rank_exit import joined_a_group
 from gpudiag.errors import DistributedError
 from gpudiag.probe import cuda
 
@@ -102,6 +103,7 @@ def process_group(backend: str | None = None, timeout_s: float = 300.0) -> Itera
         )
     backend = backend or backend_for_this_machine()
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    joined_a_group()  # a gpudiag rank process then ends through gpudiag._rank_exit
     try:
         yield backend
         # Leave together: a rank that tears its group down while another still talks to it
