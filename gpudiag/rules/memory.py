@@ -1,5 +1,6 @@
 """Memory rules: over budget, headroom unused, fragmentation, reserved-but-unused, another
-process on the GPU, a KV cache that dominates, checkpointing that cannot help.
+process on the GPU, a KV cache that dominates, a peak at the optimizer step, checkpointing that
+cannot help.
 
 They read a ``MemoryEvidence`` (what ``gd.memory``, ``gd.fit``, ``gd.estimate_memory`` and
 ``gd.analyze_memory_snapshot`` returned) from ``EvidenceBundle.memory``, and the system
@@ -254,6 +255,42 @@ def kv_cache_dominates(evidence: EvidenceBundle) -> Iterator[Finding]:
     )
 
 
+@rule("memory.optimizer_step_peak", category=CATEGORY, needs=("memory",))
+def optimizer_step_peak(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """The peak is Adam's update, not the forward or backward: fused=True lowers it."""
+    est = evidence.memory_evidence.estimate
+    if est is None or est.peak_phase != "optimizer step":
+        return
+    update = int(est.breakdown.get("temporaries", 0))
+    backward = int(est.step_peaks.get("backward", 0))
+    if update <= 0 or not est.peak_bytes:
+        return
+    lowered = max(est.peak_bytes - update, backward)
+    src = f"gd.estimate_memory ({est.route})"
+    yield Finding(
+        "memory.optimizer_step_peak",
+        Severity.MEDIUM if (est.peak_bytes - lowered) >= 0.1 * est.peak_bytes else Severity.LOW,
+        CATEGORY,
+        f"the peak is the optimizer step ({format_bytes(est.peak_bytes)}), not the backward "
+        f"({format_bytes(backward)}): {est.optimizer}'s default foreach update holds "
+        f"{format_bytes(update)} more, one fp32 copy of the parameters it updates",
+        (
+            _bytes("peak at the optimizer step", est.peak_bytes, src),
+            _bytes("of it, the update's copy", update, src),
+            _bytes("peak of the backward", backward, src),
+            _bytes("peak with fused=True (about)", lowered, src),
+        ),
+        threshold="the estimate's optimizer-step peak above its backward peak",
+        instruction=f"build the optimizer with fused=True (torch.optim.{_optimizer_class(est)}"
+        "(params, ..., fused=True), CUDA) or foreach=False: the update then holds about one "
+        "tensor at a time; activation checkpointing or a smaller batch would not lower this peak",
+    )
+
+
+def _optimizer_class(est: MemoryEstimate) -> str:
+    return {"adam": "Adam", "adamw": "AdamW"}.get(est.optimizer, "AdamW")
+
+
 @rule("memory.checkpointing_cannot_help", category=CATEGORY, needs=("memory",))
 def checkpointing_cannot_help(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Activation checkpointing is applied (or proposed) where it saves almost nothing."""
@@ -314,6 +351,7 @@ def memory_findings(
         "memory.fragmentation",
         "memory.reserved_unused",
         "memory.kv_cache_dominates",
+        "memory.optimizer_step_peak",
         "memory.checkpointing_cannot_help",
     ]
     if system is not None:

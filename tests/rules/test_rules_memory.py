@@ -126,3 +126,21 @@ def test_reserved_but_unused_from_allocator_counters() -> None:
 def test_rules_without_a_budget_are_not_evaluated(rule_id: str) -> None:
     small = estimate_transformer({"n_layer": 2, "n_embd": 64, "n_head": 4})
     assert rule_id in {n.rule for n in memory_findings(estimate=small).not_evaluated}
+
+
+def test_a_peak_at_the_optimizer_step_names_fused_adam_and_what_it_saves() -> None:
+    # Llama 2 7B at batch 1 on one GPU: Adam's foreach copy (4 bytes x 6.74 B) lifts the
+    # optimizer step above the backward.
+    train = estimate_transformer(LLAMA2_7B, seq_len=4096, precision="bf16")
+    assert train.peak_phase == "optimizer step"
+    finding = _ids(memory_findings(estimate=train))["memory.optimizer_step_peak"]
+    assert "fused=True" in finding.instruction
+    assert "AdamW" in finding.instruction
+    values = {e.name: e.value for e in finding.evidence}
+    assert values["of it, the update's copy"] == round(train.breakdown["temporaries"] / 2**20, 1)
+    assert values["peak with fused=True (about)"] == round(train.step_peaks["backward"] / 2**20, 1)
+    # Sharded over 8 ranks the update shrinks 8x and the backward is the peak: no finding.
+    fsdp = estimate_transformer(LLAMA2_7B, seq_len=4096, precision="bf16", parallelism="fsdp:8")
+    assert "memory.optimizer_step_peak" not in _ids(memory_findings(estimate=fsdp))
+    sgd = estimate_transformer(LLAMA2_7B, seq_len=4096, precision="bf16", optimizer="sgd")
+    assert "memory.optimizer_step_peak" not in _ids(memory_findings(estimate=sgd))
