@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,18 @@ def ipython_shell():  # type: ignore[no-untyped-def]
     shell = get_ipython() or InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gpudiag")
     return shell
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A one-process gloo group (in-memory store) for code that needs torch.distributed."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

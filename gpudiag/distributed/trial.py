@@ -109,33 +109,17 @@ MemoryEvent = tuple[float, int, int]  # (time, address, signed bytes)
 
 def _memory_events(fn: Callable[[], Any]) -> list[MemoryEvent]:
     """CPU allocator events (time, address, bytes) of ``fn``, from the profiler's trace."""
-    import json
-    import os
-    import tempfile
-
     from torch.profiler import ProfilerActivity, profile
 
     from gpudiag._native_stderr import quiet_profiler_stderr
+    from gpudiag.profiling.memory import allocator_events
 
     with (
         quiet_profiler_stderr(),
         profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
     ):
         fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as fh:
-            events = json.load(fh).get("traceEvents", [])
-    finally:
-        os.unlink(path)
-    out = []
-    for e in events:
-        args = e.get("args") or {}
-        if e.get("name") == "[memory]" and "Bytes" in args and args.get("Device Type", 0) == 0:
-            out.append((float(e.get("ts", 0.0)), int(args.get("Addr", 0)), int(args["Bytes"])))
-    return sorted(out, key=lambda ev: ev[0])
+    return allocator_events(prof)
 
 
 def live_bytes(events: list[MemoryEvent]) -> tuple[int, int]:

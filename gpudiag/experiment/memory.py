@@ -17,15 +17,13 @@ The CUDA path is tested against a fake of gpudiag.probe.cuda only: untested on a
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpudiag._report import jsonable
 from gpudiag.probe import cuda
+from gpudiag.profiling.memory import allocator_events
 
 CPU_METHOD = "torch.profiler memory events (CPU allocator), peak above the step's start"
 CUDA_METHOD = "torch.cuda.max_memory_allocated (caching allocator peak)"
@@ -85,21 +83,7 @@ def _kineto_memory_events(prof: Any) -> list[tuple[float, int]] | None:
 
 def _trace_memory_events(prof: Any) -> list[tuple[float, int]]:
     # Public fallback: the exported Chrome trace carries the same events ("Bytes" per event).
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as fh:
-            events = json.load(fh).get("traceEvents", [])
-    finally:
-        os.unlink(path)
-    return [
-        (float(e.get("ts", 0.0)), int(e["args"]["Bytes"]))
-        for e in events
-        if e.get("name") == "[memory]"
-        and "Bytes" in e.get("args", {})
-        and e["args"].get("Device Type", 0) == 0
-    ]
+    return [(t, nbytes) for t, _, nbytes in allocator_events(prof)]
 
 
 def measure_peak_memory(step: Callable[[], Any], *, device_type: str) -> PeakMemory:

@@ -209,6 +209,28 @@ def read_memory_timeline(path: str | os.PathLike[str], *, device: str = "cpu") -
     )
 
 
+def allocator_events(prof: Any) -> list[tuple[float, int, int]]:
+    """(time in us, address, signed bytes) of every CPU allocator event a finished
+    ``torch.profiler.profile(profile_memory=True)`` recorded, in time order, read from its
+    exported Chrome trace (the public form of those events)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    out = []
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("name") == "[memory]" and "Bytes" in args and args.get("Device Type", 0) == 0:
+            out.append((float(e.get("ts", 0.0)), int(args.get("Addr", 0)), int(args["Bytes"])))
+    return sorted(out, key=lambda ev: ev[0])
+
+
 def measure_step_timeline(step: Callable[[], Any], *, device: str = "cpu") -> MemoryTimeline:
     """Run ``step`` once under torch.profiler and return its categorised memory timeline.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,17 +11,6 @@ from gpudiag.analysis.nccl import CollectiveResult
 from gpudiag.bench import collectives
 from gpudiag.bench.collectives import allreduce, run_collective, safe_iters, torchrun_command
 from gpudiag.errors import GpuDiagError
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,17 +17,6 @@ from gpudiag.distributed.workload import WorkloadSpecError, build
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.compare import MEMORY_KEEP
 from gpudiag.experiment.trial import GlobalState
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_factory_workload_is_rebuilt_by_name() -> None:

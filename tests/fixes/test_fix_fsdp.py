@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -11,17 +9,6 @@ from gpudiag import workloads
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import Fix
 from tests.fakes.machines import cpu_system
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_wrap_shards_the_repeated_blocks_and_trains(one_rank_group: None) -> None:

@@ -156,3 +156,18 @@ class TraceBuilder:
 @pytest.fixture
 def builder() -> TraceBuilder:
     return TraceBuilder()
+
+
+@pytest.fixture(scope="session")
+def fixture_kernel_names(traces_dir: Path) -> set[str]:
+    """Every distinct GPU kernel name in the recorded traces."""
+    names: set[str] = set()
+    for path in sorted(traces_dir.rglob("*.json.gz")):
+        with gzip.open(path, "rt") as fh:
+            doc = json.load(fh)
+        names.update(
+            e["name"]
+            for e in doc["traceEvents"]
+            if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"
+        )
+    return names
