@@ -22,26 +22,24 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.errors import ReplayError
-from gpudiag.probe.model import (
-    DriverInfo,
-    GpuInfo,
-    GpuProcess,
-    GpuState,
-    MigInstance,
-    PcieLink,
-)
+from gpudiag.probe.model import DriverInfo, GpuInfo, GpuProcess, GpuState, PcieLink
 from gpudiag.probe.nvml_backend import MIG_UTILIZATION_REASON
 from gpudiag.probe.readings import Reading, Status, na, ok
+from gpudiag.probe.smi_query import (
+    MIB,
+    NA_TEXTS,
+    NOT_IN_OUTPUT,
+    PRINTED_NA,
+    QueryReader,
+    number_in,
+    process,
+)
 from gpudiag.probe.smi_xml import SmiRecording
 
 SOURCE_QUERY = "nvidia-smi -q text"
 SOURCE_TABLE = "nvidia-smi table"
-_MIB = 1 << 20
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
-_NA_TEXTS = {"n/a", "[n/a]", "[not supported]", "not supported", "unknown error", ""}
 _QUERY_BANNER = "NVSMI LOG"
 _TABLE_BANNER = re.compile(r"^\|\s*NVIDIA-SMI\s+\S+", re.MULTILINE)
-_PRINTED_NA = "N/A in the recording (nvidia-smi printed N/A)"
 TABLE_HOLDS = (
     "plain `nvidia-smi` table: name, bus id, memory, power, temperature, utilization and "
     "processes only; `nvidia-smi -q` has clocks, PCIe, ECC and UUIDs"
@@ -60,7 +58,6 @@ _CLOCK_EVENT_LABELS = {
     "hw power brake slowdown": "hw_power_brake_slowdown",
     "display clock setting": "display_clocks_setting",
 }
-_PROCESS_KINDS = {"C": "compute", "G": "graphics", "C+G": "compute+graphics"}
 
 
 def looks_like_smi_text(data: bytes | str) -> str | None:
@@ -122,226 +119,79 @@ def _tree(text: str) -> _Node:
     return root
 
 
-class _Section:
-    """Typed access to one GPU's subtree; every getter returns a Reading."""
+class _Section(QueryReader):
+    """One GPU's subtree of ``nvidia-smi -q`` (or a section inside one)."""
+
+    source = SOURCE_QUERY
+    form = 1
 
     def __init__(self, node: _Node) -> None:
         self.node = node
 
-    def text(self, path: str) -> Reading[str]:
+    def text_at(self, path: str) -> Reading[str]:
         found = self.node.find(path)
         if found is None or found.value is None:
-            return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE_QUERY)
+            return na(Status.NOT_AVAILABLE, NOT_IN_OUTPUT, SOURCE_QUERY)
         value = found.value
-        if value.lower() in _NA_TEXTS or value.lower().startswith("requested functionality"):
-            return na(Status.NOT_SUPPORTED, _PRINTED_NA, SOURCE_QUERY)
+        if value.lower() in NA_TEXTS or value.lower().startswith("requested functionality"):
+            return na(Status.NOT_SUPPORTED, PRINTED_NA, SOURCE_QUERY)
         return ok(value, SOURCE_QUERY)
 
-    def first(self, *paths: str) -> Reading[str]:
-        readings = [self.text(p) for p in paths]
-        for reading in readings:
-            if reading.ok:
-                return reading
-        present = [r for r in readings if r.status is not Status.NOT_AVAILABLE]
-        return (present or readings)[0]
+    def children(self, path: str) -> list[QueryReader]:
+        parent, _, label = path.rpartition("/")
+        section = self.node.find(parent) if parent else self.node
+        return [] if section is None else [_Section(n) for n in section.find_all(label)]
 
-    def num(self, *paths: str, scale: float = 1.0, as_int: bool = False) -> Reading[Any]:
-        return _convert(self.first(*paths), scale=scale, as_int=as_int, source=SOURCE_QUERY)
+    def child_names(self, path: str) -> list[str]:
+        found = self.node.find(path)
+        return [] if found is None else [child.label for child in found.children]
 
-    def flag(self, path: str, true: str = "enabled") -> Reading[bool]:
-        reading = self.text(path)
-        if not reading.ok:
-            return na(reading.status, reading.reason, SOURCE_QUERY)
-        return ok(str(reading.value).lower() == true, SOURCE_QUERY)
+    def exists(self, path: str) -> bool:
+        return self.node.find(path) is not None
 
+    def printed_na(self, path: str) -> bool:
+        found = self.node.find(path)  # "Remapped Rows : N/A"
+        return found is not None and not found.children and (found.value or "").lower() in NA_TEXTS
 
-def _convert(reading: Reading[str], *, scale: float, as_int: bool, source: str) -> Reading[Any]:
-    if not reading.ok:
-        return reading
-    match = _NUMBER.match(str(reading.value))
-    if match is None:
-        return na(Status.UNKNOWN, f"unreadable value {reading.value!r}", source)
-    value = float(match.group(1)) * scale
-    return ok(round(value) if as_int else value, source)
-
-
-def _mig_instances(gpu: _Section) -> tuple[MigInstance, ...]:
-    section = gpu.node.find("MIG Devices")
-    if section is None:
-        return ()
-    out = []
-    for i, node in enumerate(section.find_all("MIG Device")):
-        m = _Section(node)
-        out.append(
-            MigInstance(
-                index=i,
-                uuid=na(
-                    Status.NOT_AVAILABLE, "nvidia-smi -q does not list MIG UUIDs", SOURCE_QUERY
-                ),
-                gpu_instance_id=m.num("GPU Instance ID", as_int=True),
-                compute_instance_id=m.num("Compute Instance ID", as_int=True),
-                sm_count=m.num("Device Attributes/Shared/Multiprocessor count", as_int=True),
-                memory_total_bytes=m.num("FB Memory Usage/Total", scale=_MIB, as_int=True),
-                memory_used_bytes=m.num("FB Memory Usage/Used", scale=_MIB, as_int=True),
-            )
-        )
-    return tuple(out)
-
-
-def _query_info(gpu: _Section, bus_id: str, index: int) -> GpuInfo:
-    missing = na(Status.NOT_AVAILABLE, "not recorded by nvidia-smi -q", SOURCE_QUERY)
-    link = "PCI/GPU Link Info"
-    pci = gpu.text("PCI/Bus Id")
-    if not pci.ok and bus_id:
-        pci = ok(bus_id, SOURCE_QUERY)  # the "GPU 00000000:18:00.0" header is the bus id
-    virtualization = gpu.text("GPU Virtualization Mode/Virtualization Mode")
-    return GpuInfo(
-        index=index,
-        name=gpu.text("Product Name"),
-        uuid=gpu.text("GPU UUID"),
-        pci_bus_id=ok(str(pci.value).upper(), SOURCE_QUERY) if pci.ok else pci,
-        architecture=gpu.text("Product Architecture"),
-        compute_capability=missing,
-        sm_count=missing,
-        memory_total_bytes=gpu.num("FB Memory Usage/Total", scale=_MIB, as_int=True),
-        memory_bus_width_bits=missing,
-        max_sm_clock_mhz=gpu.num("Max Clocks/SM", as_int=True),
-        max_memory_clock_mhz=gpu.num("Max Clocks/Memory", as_int=True),
-        power_limit_w=gpu.num(
-            "GPU Power Readings/Current Power Limit",
-            "Power Readings/Enforced Power Limit",
-            "Power Readings/Current Power Limit",
-            "Power Readings/Power Limit",
-        ),
-        default_power_limit_w=gpu.num(
-            "GPU Power Readings/Default Power Limit", "Power Readings/Default Power Limit"
-        ),
-        persistence_mode=gpu.flag("Persistence Mode"),
-        ecc_enabled=gpu.flag("ECC Mode/Current"),
-        mig_enabled=gpu.flag("MIG Mode/Current"),
-        mig_instances=_mig_instances(gpu),
-        pcie=PcieLink(
-            gen_current=gpu.num(f"{link}/PCIe Generation/Current", as_int=True),
-            gen_max=gpu.num(f"{link}/PCIe Generation/Max", as_int=True),
-            width_current=gpu.num(f"{link}/Link Width/Current", as_int=True),
-            width_max=gpu.num(f"{link}/Link Width/Max", as_int=True),
-        ),
-        nvlinks=(),  # nvidia-smi -q has no NVLink section; `nvidia-smi nvlink -s` has it
-        virtualization=ok(str(virtualization.value).lower(), SOURCE_QUERY)
-        if virtualization.ok
-        else virtualization,
-    )
-
-
-def _clock_event_reasons(gpu: _Section) -> Reading[tuple[str, ...]]:
-    for label in ("Clocks Event Reasons", "Clocks Throttle Reasons"):
-        section = gpu.node.find(label)
-        if section is None:
-            continue
-        if section.value is not None and section.value.lower() in _NA_TEXTS:
-            return na(Status.NOT_SUPPORTED, _PRINTED_NA, SOURCE_QUERY)
-        seen = {
-            _CLOCK_EVENT_LABELS[n.label.lower()]: (n.value or "").lower() == "active"
-            for n in section.walk()
-            if n.label.lower() in _CLOCK_EVENT_LABELS
-        }
-        if not seen:
-            return na(Status.NOT_SUPPORTED, "no clock event reasons in the recording", SOURCE_QUERY)
-        order = list(_CLOCK_EVENT_LABELS.values())
-        return ok(tuple(sorted((k for k, v in seen.items() if v), key=order.index)), SOURCE_QUERY)
-    return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE_QUERY)
-
-
-def _ecc_uncorrected(gpu: _Section) -> Reading[int]:
-    """Volatile uncorrectable errors: SRAM (parity, SEC-DED) and DRAM on Hopper, or the
-    older "Double Bit / Total"."""
-    volatile = gpu.node.find("ECC Errors/Volatile")
-    if volatile is None:
-        return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE_QUERY)
-    section = _Section(volatile)
-    paths = [c.label for c in volatile.children if "uncorrectable" in c.label.lower()]
-    total = 0
-    for path in paths or ["Double Bit/Total"]:
-        reading = section.num(path, as_int=True)
-        if not reading.ok:
-            return reading
-        total += int(reading.get(0))
-    return ok(total, SOURCE_QUERY)
-
-
-def _retired_pages(gpu: _Section) -> Reading[int]:
-    total = 0
-    for cause in ("Single Bit ECC", "Double Bit ECC"):
-        reading = gpu.num(f"Retired Pages/{cause}", as_int=True)
-        if not reading.ok:
-            if gpu.node.find("Remapped Rows") is not None:
+    def clock_event_reasons(self) -> Reading[tuple[str, ...]]:
+        for label in ("Clocks Event Reasons", "Clocks Throttle Reasons"):
+            section = self.node.find(label)
+            if section is None:
+                continue
+            if section.value is not None and section.value.lower() in NA_TEXTS:
+                return na(Status.NOT_SUPPORTED, PRINTED_NA, SOURCE_QUERY)
+            seen = {
+                _CLOCK_EVENT_LABELS[n.label.lower()]: (n.value or "").lower() == "active"
+                for n in section.walk()
+                if n.label.lower() in _CLOCK_EVENT_LABELS
+            }
+            if not seen:
                 return na(
-                    Status.NOT_SUPPORTED,
-                    "this GPU remaps rows instead of retiring pages (A100/Hopper: see "
-                    "`nvidia-smi -q -d ROW_REMAPPER`)",
-                    SOURCE_QUERY,
+                    Status.NOT_SUPPORTED, "no clock event reasons in the recording", SOURCE_QUERY
                 )
-            return reading
-        total += int(reading.get(0))
-    return ok(total, SOURCE_QUERY)
-
-
-def _query_processes(gpu: _Section) -> Reading[tuple[GpuProcess, ...]]:
-    node = gpu.node.find("Processes")
-    if node is None:
-        return na(Status.NOT_AVAILABLE, "not in this nvidia-smi version's output", SOURCE_QUERY)
-    out = []
-    for p in node.find_all("Process ID"):
-        if p.value is None or not p.value.strip().isdigit():
-            continue
-        proc = _Section(p)
-        kind = str(proc.text("Type").get("C"))
-        out.append(
-            GpuProcess(
-                pid=int(p.value),
-                name=str(proc.text("Name").get("")),
-                kind=_PROCESS_KINDS.get(kind, kind.lower()),
-                used_memory_bytes=proc.num("Used GPU Memory", scale=_MIB, as_int=True),
+            order = list(_CLOCK_EVENT_LABELS.values())
+            return ok(
+                tuple(sorted((k for k, v in seen.items() if v), key=order.index)), SOURCE_QUERY
             )
-        )
-    return ok(tuple(out), SOURCE_QUERY)
+        return na(Status.NOT_AVAILABLE, NOT_IN_OUTPUT, SOURCE_QUERY)
 
-
-def _query_state(gpu: _Section, info: GpuInfo, timestamp: float) -> GpuState:
-    if info.mig_enabled.get(False):
-        mig = na(Status.NOT_AVAILABLE, MIG_UTILIZATION_REASON, SOURCE_QUERY)
-        gpu_util, mem_util = mig, mig
-    else:
-        gpu_util, mem_util = gpu.num("Utilization/Gpu"), gpu.num("Utilization/Memory")
-    no_nvlink = na(Status.NOT_AVAILABLE, "nvidia-smi -q has no NVLink counters", SOURCE_QUERY)
-    return GpuState(
-        timestamp=timestamp,
-        gpu_util_pct=gpu_util,
-        memory_util_pct=mem_util,
-        memory_used_bytes=gpu.num("FB Memory Usage/Used", scale=_MIB, as_int=True),
-        sm_clock_mhz=gpu.num("Clocks/SM", as_int=True),
-        memory_clock_mhz=gpu.num("Clocks/Memory", as_int=True),
-        power_w=gpu.num(
-            "GPU Power Readings/Instantaneous Power Draw",
-            "GPU Power Readings/Power Draw",
-            "Power Readings/Instantaneous Power Draw",
-            "Power Readings/Power Draw",
-        ),
-        temperature_c=gpu.num("Temperature/GPU Current Temp"),
-        performance_state=gpu.text("Performance State"),
-        clock_event_reasons=_clock_event_reasons(gpu),
-        # nvidia-smi prints KB/s (1024 bytes), like NVML.
-        pcie_rx_bytes_per_s=gpu.num("PCI/Rx Throughput", scale=1024.0),
-        pcie_tx_bytes_per_s=gpu.num("PCI/Tx Throughput", scale=1024.0),
-        nvlink_rx_bytes=no_nvlink,
-        nvlink_tx_bytes=no_nvlink,
-        ecc_uncorrected_volatile=_ecc_uncorrected(gpu),
-        retired_pages=_retired_pages(gpu),
-        remapped_rows_uncorrectable=gpu.num("Remapped Rows/Uncorrectable Error", as_int=True),
-        row_remap_pending=gpu.flag("Remapped Rows/Pending", true="yes"),
-        row_remap_failed=gpu.flag("Remapped Rows/Remapping Failure Occurred", true="yes"),
-        processes=_query_processes(gpu),
-    )
+    def processes(self) -> Reading[tuple[GpuProcess, ...]]:
+        node = self.node.find("Processes")
+        if node is None:
+            return na(Status.NOT_AVAILABLE, NOT_IN_OUTPUT, SOURCE_QUERY)
+        out = []
+        for p in node.find_all("Process ID"):
+            if p.value is not None and p.value.strip().isdigit():
+                proc = _Section(p)
+                out.append(
+                    process(
+                        int(p.value),
+                        str(proc.text_at("Name").get("")),
+                        str(proc.text_at("Type").get("C")),
+                        proc.number_at("Used GPU Memory", scale=MIB, as_int=True),
+                    )
+                )
+        return ok(tuple(out), SOURCE_QUERY)
 
 
 def parse_smi_query_text(text: str, *, timestamp: float = 0.0) -> SmiRecording:
@@ -353,25 +203,26 @@ def parse_smi_query_text(text: str, *, timestamp: float = 0.0) -> SmiRecording:
     root = _tree(text)
     top = _Section(root)
     driver = DriverInfo(
-        driver_version=top.text("Driver Version"),
-        cuda_driver_version=top.text("CUDA Version"),
+        driver_version=top.text_at("Driver Version"),
+        cuda_driver_version=top.text_at("CUDA Version"),
         nvml_version=na(Status.NOT_AVAILABLE, "not recorded by nvidia-smi -q", SOURCE_QUERY),
     )
     infos, states = [], []
     gpus = [n for n in root.children if n.value is None and re.match(r"GPU\s+\S+", n.label)]
     for index, node in enumerate(gpus):
         gpu = _Section(node)
-        info = _query_info(gpu, node.label.split(None, 1)[1], index)
+        # The "GPU 00000000:18:00.0" header is the bus id.
+        info = gpu.info(index, pci_bus_id=ok(node.label.split(None, 1)[1], SOURCE_QUERY))
         infos.append(info)
-        states.append(_query_state(gpu, info, timestamp))
-    attached = top.num("Attached GPUs", as_int=True)
+        states.append(gpu.state(info, timestamp))
+    attached = top.number_at("Attached GPUs", as_int=True)
     if attached.ok and attached.value != len(infos):
         raise ReplayError(
             f"the text says {attached.value} GPUs are attached but holds {len(infos)}: "
             "paste the whole `nvidia-smi -q` output"
         )
     return SmiRecording(
-        timestamp=str(top.text("Timestamp").get("")),
+        timestamp=str(top.text_at("Timestamp").get("")),
         driver=driver,
         infos=tuple(infos),
         states=tuple(states),
@@ -403,11 +254,15 @@ def _cell(
     text: str, *, scale: float = 1.0, as_int: bool = False, text_value: bool = False
 ) -> Reading[Any]:
     value = text.strip()
-    if value.lower() in _NA_TEXTS:
-        return na(Status.NOT_SUPPORTED, _PRINTED_NA, SOURCE_TABLE)
+    if value.lower() in NA_TEXTS:
+        return na(Status.NOT_SUPPORTED, PRINTED_NA, SOURCE_TABLE)
     if text_value:
         return ok(value, SOURCE_TABLE)
-    return _convert(ok(value, SOURCE_TABLE), scale=scale, as_int=as_int, source=SOURCE_TABLE)
+    try:
+        number = number_in(value) * scale
+    except ValueError:
+        return na(Status.UNKNOWN, f"unreadable value {value!r}", SOURCE_TABLE)
+    return ok(round(number) if as_int else number, SOURCE_TABLE)
 
 
 def _table_processes(lines: list[str]) -> dict[int, list[GpuProcess]]:
@@ -416,13 +271,12 @@ def _table_processes(lines: list[str]) -> dict[int, list[GpuProcess]]:
         match = _PROCESS_ROW.match(line.strip())
         if match is None:
             continue
-        kind = match["type"]
         out.setdefault(int(match["gpu"]), []).append(
-            GpuProcess(
-                pid=int(match["pid"]),
-                name=match["name"],
-                kind=_PROCESS_KINDS.get(kind, kind.lower()),
-                used_memory_bytes=_cell(match["mem"], scale=_MIB, as_int=True),
+            process(
+                int(match["pid"]),
+                match["name"],
+                match["type"],
+                _cell(match["mem"], scale=MIB, as_int=True),
             )
         )
     return out
@@ -463,7 +317,7 @@ def parse_smi_table(text: str, *, timestamp: float = 0.0) -> SmiRecording:
             architecture=missing,
             compute_capability=missing,
             sm_count=missing,
-            memory_total_bytes=_cell(row2["total"], scale=_MIB, as_int=True),
+            memory_total_bytes=_cell(row2["total"], scale=MIB, as_int=True),
             memory_bus_width_bits=missing,
             max_sm_clock_mhz=missing,
             max_memory_clock_mhz=missing,
@@ -486,7 +340,7 @@ def parse_smi_table(text: str, *, timestamp: float = 0.0) -> SmiRecording:
                 timestamp=timestamp,
                 gpu_util_pct=util,
                 memory_util_pct=missing,
-                memory_used_bytes=_cell(row2["used"], scale=_MIB, as_int=True),
+                memory_used_bytes=_cell(row2["used"], scale=MIB, as_int=True),
                 sm_clock_mhz=missing,
                 memory_clock_mhz=missing,
                 power_w=_cell(row2["power"]),
