@@ -13,7 +13,7 @@ import copy
 import inspect as _inspect
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._progress import ProgressFn, resolve
@@ -37,7 +37,7 @@ __all__ = [
 
 def diagnose(
     workload: Workload | str | None = None,
-    trace: TraceReport | str | os.PathLike[str] | None = None,
+    trace: TraceReport | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     system: SystemReport | None = None,
     samples: Any = None,
     code: str | None = None,
@@ -54,11 +54,15 @@ def diagnose(
     ``workload``: a ``gd.Workload`` or a demo name (``"gpt"``, ``"mlp"``, ...); without a
     ``trace`` it is profiled for ``steps`` steps (on a copy of its model when gpudiag owns the
     step; a ``Workload.from_step`` function is called as it is), and its model's module source
-    is scanned when no ``code`` is given. ``trace``: a ``TraceReport`` or a trace file path.
+    is scanned when no ``code`` is given. ``trace``: a ``TraceReport``, a trace file path, or
+    a list of them (one per rank).
     ``system``: a ``SystemReport`` (default: ``gd.inspect()``, which never raises).
     ``samples``: monitor samples. ``code``: source text to scan for API misuse.
     ``runtime``: this process's torch switches and profiling-counter permission (default:
-    ``gpudiag.probe.runtime.runtime_state()``, read now, unless ``system`` is a recording).
+    ``gpudiag.probe.runtime.runtime_state()``, read now). ``env``: the job's environment
+    variables (default: this process's). Neither default is read when ``system`` is a
+    recording or ``trace`` is a file: they describe this process, not the job that was
+    recorded; the rules that need them say "not evaluated".
     ``scaling``: time the workload's step at its batch and at 4x it (``batch_scaling``, a few
     seconds) to see whether a fixed per-step cost dominates; ``False`` skips it, a
     ``BatchScaling`` is used as given. ``progress``: bars over the profile and the batch
@@ -79,19 +83,18 @@ def diagnose(
         from gpudiag.probe.system import inspect
 
         system = inspect()
-    report: TraceReport | None
-    if isinstance(trace, (str, os.PathLike)):
-        from gpudiag.analysis.trace import analyze_trace
+    from gpudiag.analysis.trace import TraceReport, analyze_trace
 
-        report = analyze_trace(trace)
-    else:
-        report = trace
+    report = trace if trace is None or isinstance(trace, TraceReport) else analyze_trace(trace)
+    trace_file = report is not trace
     if report is None and wl is not None:
         report = profile_workload(wl, steps=steps, on_progress=on_progress)
     if code is None and wl is not None:
         code = workload_source(wl)
-    if runtime is None and not system.is_recording:
-        # This process's switches describe this machine: a recorded machine's process is gone.
+    # This process's torch switches and environment describe the job only when the job runs
+    # here: a recorded machine's process is gone, and a trace file may come from anywhere.
+    this_process = not system.is_recording and not trace_file
+    if runtime is None and this_process:
         from gpudiag.probe.runtime import runtime_state
 
         runtime = runtime_state()
@@ -108,7 +111,7 @@ def diagnose(
         runtime=runtime,
         batch_scaling=measured,
         collectives=collectives,
-        env=dict(os.environ if env is None else env),
+        env=dict(env) if env is not None else dict(os.environ) if this_process else None,
     )
     return run_rules(evidence, trial=run_trial)
 

@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workload",
         metavar="NAME",
         default=None,
-        help="a demo workload (gpt, mlp, cnn, input_bound) to profile; under torchrun also "
-        "package.module:function returning a gd.Workload, rebuilt on every rank (default gpt)",
+        help="a demo workload (gpt, mlp, cnn, input_bound) to profile (default: none, only "
+        "the machine is checked); under torchrun also package.module:function returning a "
+        "gd.Workload, rebuilt on every rank (default there: gpt)",
     )
     parser.add_argument(
         "--steps",
@@ -77,7 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a torch.profiler / Kineto trace (.json or .json.gz); repeat for one file per rank",
     )
     one.add_argument(
-        "--replay", metavar="FILE", help="diagnose a recorded machine (`nvidia-smi -q -x` XML)"
+        "--replay",
+        metavar="FILE",
+        help="diagnose a recorded machine: `nvidia-smi -q -x` XML, `nvidia-smi -q` or "
+        "`nvidia-smi` text, or a `gpudiag inspect --json` snapshot",
     )
     one.add_argument(
         "--topology",
@@ -144,11 +148,8 @@ def run_one_process(args: argparse.Namespace) -> int:
     from gpudiag.probe.system import inspect
 
     steps = STEPS if args.steps is None else args.steps
-    trace = None
-    if args.trace:
-        from gpudiag.analysis.trace import analyze_trace
-
-        trace = analyze_trace(args.trace[0] if len(args.trace) == 1 else args.trace)
+    # Trace files, analysed by gd.diagnose, which then knows they may come from elsewhere.
+    trace = (args.trace[0] if len(args.trace) == 1 else args.trace) if args.trace else None
     code = None
     if args.code:
         try:
@@ -172,8 +173,14 @@ def run_one_process(args: argparse.Namespace) -> int:
         )
     if args.json:
         print(json.dumps(diagnosis.to_dict(), indent=2))
-    else:
-        print(diagnosis)
+        return 0
+    if not (args.workload or args.trace or args.code):
+        print(
+            "no workload or trace given: only the machine was checked. `--workload gpt` profiles "
+            "a demo, `--trace FILE` reads your own torch.profiler trace, and `%%gpudiag doctor` "
+            "in a notebook profiles the cell's training step."
+        )
+    print(diagnosis)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -171,7 +172,25 @@ class Diagnosis:
             out += f.lines()
         if not self.findings:
             out.append("no findings from the rules that could run")
-        out += [f"  {n}" for n in self.not_evaluated]
+        out += self._not_evaluated_lines()
+        return out
+
+    def _not_evaluated_lines(self) -> list[str]:
+        """The rules that could not run, one line per missing piece of evidence."""
+        by_missing: dict[str, list[str]] = {}
+        for n in self.not_evaluated:
+            by_missing.setdefault(n.missing, []).append(n.rule)
+        if not by_missing:
+            return []
+        out = [f"  not evaluated ({len(self.not_evaluated)} rules), by what they lack:"]
+        for missing, rules in by_missing.items():
+            out += textwrap.wrap(
+                f"{missing}: {', '.join(rules)}",
+                width=100,
+                initial_indent="    - ",
+                subsequent_indent="      ",
+                break_on_hyphens=False,
+            )
         return out
 
     def __repr__(self) -> str:
@@ -180,12 +199,21 @@ class Diagnosis:
     def _repr_html_(self) -> str:
         body = "".join(f.html() for f in self.findings) or "<p>No findings.</p>"
         if self.not_evaluated:
-            items = "".join(f"<li>{esc(n)}</li>" for n in self.not_evaluated)
-            body += (
-                f"<details><summary>{len(self.not_evaluated)} rules not evaluated</summary>"
-                f"<ul>{items}</ul></details>"
-            )
+            body += not_evaluated_html(self.not_evaluated)
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))
+
+
+def not_evaluated_html(skipped: Iterable[NotEvaluated]) -> str:
+    """A folded list of the rules that could not run, grouped by what they lack."""
+    by_missing: dict[str, list[str]] = {}
+    for n in skipped:
+        by_missing.setdefault(n.missing, []).append(n.rule)
+    count = sum(len(rules) for rules in by_missing.values())
+    items = "".join(
+        f"<li>lacking {esc(missing)}: {esc(', '.join(rules))}</li>"
+        for missing, rules in by_missing.items()
+    )
+    return f"<details><summary>{count} rules not evaluated</summary><ul>{items}</ul></details>"
 
 
 # A finding without a gain estimate ranks as if it saved this share of the run.

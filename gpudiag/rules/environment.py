@@ -49,11 +49,11 @@ _LIMITING: dict[str, tuple[Severity, str]] = {
 _OFF_VALUES = {"", "0", "false", "no", "off"}
 
 
-@rule("env.cuda_limiting", category=CATEGORY, needs=())
+@rule("env.cuda_limiting", category=CATEGORY, needs=("env",))
 def cuda_limiting_variables(evidence: EvidenceBundle) -> Iterator[Finding]:
     """CUDA / PyTorch environment variables that limit performance are set."""
     for name, (severity, why) in _LIMITING.items():
-        value = evidence.env.get(name)
+        value = evidence.environment.get(name)
         if value is None or value.strip().lower() in _OFF_VALUES:
             continue
         yield Finding(
@@ -68,12 +68,11 @@ def cuda_limiting_variables(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
 
 
-@rule("env.allocator_config", category=CATEGORY, needs=("gpu",))
+@rule("env.allocator_config", category=CATEGORY, needs=("gpu", "env"))
 def allocator_config(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Memory nearly full without expandable segments: fragmentation can cause OOM."""
-    conf = evidence.env.get("PYTORCH_CUDA_ALLOC_CONF", "") or evidence.env.get(
-        "PYTORCH_ALLOC_CONF", ""
-    )
+    env = evidence.environment
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "") or env.get("PYTORCH_ALLOC_CONF", "")
     if "expandable_segments:true" in conf.replace(" ", "").lower():
         return
     fullest = max(
@@ -145,10 +144,10 @@ def _nccl_finding(
     )
 
 
-@rule("env.nccl", category=CATEGORY, needs=())
+@rule("env.nccl", category=CATEGORY, needs=("env",))
 def nccl_variables(evidence: EvidenceBundle) -> Iterator[Finding]:
     """NCCL environment variables that switch off fast transports or cap bandwidth."""
-    env = evidence.env
+    env = evidence.environment
     system = evidence.system
     if system is not None and not system.gpus:
         return  # no NVIDIA GPU here: NCCL is not what this machine's jobs use

@@ -52,6 +52,8 @@ NEEDS: dict[str, str] = {
     "memory": "memory evidence (gd.memory / gd.fit / gd.estimate_memory / a snapshot)",
     "batch_scaling": "step times at two batch sizes (gd.diagnose(workload) with a "
     "batch=(batch_size -> batch) workload)",
+    "env": "the environment variables of the process that ran the job (a recording or a "
+    "trace file does not hold them)",
 }
 
 
@@ -100,7 +102,9 @@ class EvidenceBundle:
     # measured collective bandwidth (gd.bench.allreduce, nccl-tests logs)
     collectives: Collectives | None = None
     memory: MemoryEvidence | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # The environment of the process that ran the job; None when the evidence comes from
+    # elsewhere (a recorded machine, a trace file), whose environment this process cannot see.
+    env: Mapping[str, str] | None = field(default_factory=lambda: dict(os.environ))
 
     # The parts a rule ``needs`` (the engine runs it only when they are there), typed.
     def _present(self, need: str) -> Any:
@@ -132,6 +136,12 @@ class EvidenceBundle:
         """The workload, for a rule that ``needs`` "workload"."""
         workload: Workload = self._present("workload")
         return workload
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """The job's environment variables, for a rule that ``needs`` "env"."""
+        env: Mapping[str, str] = self._present("env")
+        return env
 
     @property
     def monitor_samples(self) -> Samples:

@@ -284,7 +284,7 @@ def _usable_cores(evidence: EvidenceBundle, runtime: Mapping[str, Any]) -> int |
     physical = evidence.system_report.host.physical_cores.get()
     if physical:
         cores = min(int(cores), int(physical))
-    local_ranks = evidence.env.get("LOCAL_WORLD_SIZE", "1")
+    local_ranks = (evidence.env or {}).get("LOCAL_WORLD_SIZE", "1")
     ranks = int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1
     return max(1, int(cores) // ranks)
 
@@ -299,7 +299,8 @@ def cpu_threads(evidence: EvidenceBundle) -> Iterator[Finding]:
     cores = _usable_cores(evidence, runtime)
     if not threads or not cores or threads > THREADS_FRACTION * cores or cores - threads < 2:
         return
-    env = {k: evidence.env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in evidence.env}
+    job_env = evidence.env or {}
+    env = {k: job_env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in job_env}
     yield Finding(
         "runtime.cpu_threads_low",
         Severity.LOW,

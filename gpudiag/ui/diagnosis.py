@@ -10,6 +10,7 @@ import ipywidgets as widgets
 from gpudiag._progress import ProgressBar
 from gpudiag._report import esc
 from gpudiag.errors import GpuDiagError
+from gpudiag.rules.engine import not_evaluated_html
 
 _FULL = widgets.Layout(width="100%")
 _OUTCOME_COLORS = {"faster": "#2e7d32", "slower": "#c62828"}
@@ -82,13 +83,7 @@ class DiagnosisView(widgets.VBox):
         for index, finding in enumerate(diagnosis.findings):
             rows.append(self._row(index, finding))
         if diagnosis.not_evaluated:
-            items = "".join(f"<li>{esc(n)}</li>" for n in diagnosis.not_evaluated)
-            rows.append(
-                widgets.HTML(
-                    f"<details><summary>not evaluated</summary><ul>{items}</ul></details>",
-                    layout=_FULL,
-                )
-            )
+            rows.append(widgets.HTML(not_evaluated_html(diagnosis.not_evaluated), layout=_FULL))
         super().__init__(rows, layout=widgets.Layout(width="100%"))
 
     def _card_html(self, index: int) -> str:

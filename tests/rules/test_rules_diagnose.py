@@ -99,12 +99,61 @@ def test_cli_diagnose_trace_json(fixtures_dir: Path, capsys: pytest.CaptureFixtu
     assert data["findings"][0]["fix"]["id"] == "dataloader.tuning"
 
 
+SHELL_ENV = {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_P2P_DISABLE": "1"}
+
+
+def _skipped(diagnosis: Diagnosis) -> set[str]:
+    return {n.rule for n in diagnosis.not_evaluated}
+
+
+def test_a_recording_is_not_judged_by_this_shells_environment(
+    fixtures_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in SHELL_ENV.items():
+        monkeypatch.setenv(name, value)
+    recorded = diagnose(system=_t4(fixtures_dir), scaling=False, progress=False)
+    assert not any(i.startswith("env.") for i in recorded.ids())
+    assert {"env.cuda_limiting", "env.nccl", "runtime.tf32"} <= _skipped(recorded)
+    # A trace file may come from any machine: neither this shell's variables nor this
+    # process's torch switches describe the job that wrote it.
+    traced = diagnose(trace=str(_resnet(fixtures_dir)), scaling=False, progress=False)
+    assert not any(i.startswith("env.") for i in traced.ids())
+    assert {"env.cuda_limiting", "runtime.tf32"} <= _skipped(traced)
+    # The job's environment, when the user gives it, is judged.
+    given = diagnose(system=_t4(fixtures_dir), env=SHELL_ENV, scaling=False, progress=False)
+    assert "env.cuda_launch_blocking" in given.ids()
+
+
+def test_cli_trace_file_is_not_judged_by_this_shell(
+    fixtures_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert main(["diagnose", "--json", "--trace", str(_resnet(fixtures_dir))]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert not [f["id"] for f in data["findings"] if f["id"].startswith("env.")]
+    assert "env.cuda_limiting" in [n["rule"] for n in data["not_evaluated"]]
+
+
+def test_a_live_check_reads_this_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudiag.probe.backend import NullBackend
+    from gpudiag.probe.system import inspect
+
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    live = diagnose(
+        system=inspect(backend=NullBackend("no GPU in this test")), scaling=False, progress=False
+    )
+    assert "env.cuda_launch_blocking" in live.ids()
+
+
 def test_cli_diagnose_text(fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     xml = fixtures_dir / "nvidia-smi-xml" / "tesla-t4.xml"
     assert main(["diagnose", "--replay", str(xml)]) == 0
     out = capsys.readouterr().out
     assert "hw.pcie_width_degraded" in out
-    assert "not evaluated: input.dataloader" in out
+    # Rules that could not run are grouped by what they lack, each named.
+    assert "not evaluated (" in out
+    lacking_trace = next(line for line in out.splitlines() if "- a profiler trace (" in line)
+    assert "input.dataloader" in lacking_trace
 
 
 def test_cli_diagnose_bad_trace_is_an_error(
@@ -266,3 +315,12 @@ def test_try_fix_on_a_diagnosis_without_a_trial_runner_says_how_to_get_one() -> 
     assert workload is diagnosis.workload
     assert [f.id for f in fixes] == ["precision.bf16"]
     assert options == {"system": None, "time_budget_s": 1.0}
+
+
+def test_cli_doctor_without_a_workload_says_what_it_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["doctor", "--no-scaling"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("no workload or trace given: only the machine was checked")
+    assert "--workload gpt" in first
