@@ -365,6 +365,7 @@ class TransformerConfig:
     head_dim: int | None = None
     gated_mlp: bool = False  # SwiGLU-style: three ffn matrices instead of two
     tied_embeddings: bool = True
+    experts: int = 1  # Mixtral-style mixture of experts: this many MLPs per layer, all stored
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads"):
@@ -389,8 +390,9 @@ class TransformerConfig:
         """Weights of one transformer block: attention (q, k, v, o), MLP and its two norms."""
         h, d = self.hidden, self.dim_per_head
         attn = h * self.heads * d * 2 + h * self.key_value_heads * d * 2  # q, o, k, v
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn
-        return attn + mlp + 2 * h
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn * self.experts
+        router = h * self.experts if self.experts > 1 else 0
+        return attn + mlp + router + 2 * h
 
     def outer_parameters(self) -> int:
         """Weights outside the blocks: embeddings, the output head unless tied, the final norm."""
@@ -433,9 +435,66 @@ class TransformerConfig:
                 f"the config does not say the transformer's {', '.join(missing)} "
                 "(num_hidden_layers / hidden_size / num_attention_heads)"
             )
-        act = str(get("hidden_act", "") or get("activation_function", "") or "").lower()
-        values["gated_mlp"] = act in ("silu", "swiglu", "swish") and "ffn_hidden" in values
+        family = _family(get)
+        if any(get(key, None) for key in _OTHER_MOE_KEYS) and not get("num_local_experts", None):
+            raise MemoryEstimateError(
+                f"{family or 'this model'}: a mixture-of-experts layout with shared or "
+                "differently sized experts is not modelled (only Mixtral's num_local_experts "
+                "x intermediate_size); give the estimate a TransformerConfig whose ffn_hidden "
+                "and experts add up to its parameters"
+            )
+        values["experts"] = int(get("num_local_experts", None) or 1)
+        act = str(
+            get("hidden_act", "")
+            or get("hidden_activation", "")
+            or get("activation_function", "")
+            or ""
+        ).lower()
+        if family in GATED_MLP_FAMILIES:
+            values["gated_mlp"] = True
+        elif family in PLAIN_MLP_FAMILIES:
+            values["gated_mlp"] = False
+        else:
+            values["gated_mlp"] = act in ("silu", "swiglu", "swish", "geglu") and (
+                "ffn_hidden" in values
+            )
+        if "tied_embeddings" not in values and family in UNTIED_FAMILIES:
+            values["tied_embeddings"] = False
         return cls(**values)
+
+
+# Hugging Face model types by their MLP (transformers' modeling code): gate, up and down
+# projections (SwiGLU, or GeGLU in Gemma, whatever ``hidden_act`` says), or two matrices.
+GATED_MLP_FAMILIES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+        "gemma3_text", "phi3", "olmo", "olmo2", "cohere", "granite", "internlm2", "stablelm",
+    }
+)  # fmt: skip
+PLAIN_MLP_FAMILIES = frozenset(
+    {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
+     "gpt_bigcode"}
+)  # fmt: skip
+# Types whose config class defaults tie_word_embeddings to False (the base class says True).
+UNTIED_FAMILIES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "olmo2", "granite",
+     "internlm2", "stablelm", "gpt_neox", "falcon"}
+)  # fmt: skip
+_OTHER_MOE_KEYS = ("num_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def _family(get: Any) -> str:
+    """The config's model type ("llama"), from ``model_type`` or its first architecture."""
+    model_type = get("model_type", None)
+    if model_type:
+        return str(model_type).lower()
+    architectures = get("architectures", None) or ()
+    if architectures:
+        name = str(architectures[0])
+        for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model", "LMHeadModel"):
+            name = name.removesuffix(suffix)
+        return name.lower()
+    return ""
 
 
 def activation_bytes_per_layer(
@@ -602,6 +661,10 @@ def estimate_transformer(
     if seq < 1:
         raise MemoryEstimateError("seq_len must be at least 1")
     par = Parallelism.parse(parallelism)
+    if cfg.heads % par.tp:  # Megatron splits whole heads over tensor ranks
+        raise MemoryEstimateError(
+            f"tensor parallel degree {par.tp} does not divide the {cfg.heads} attention heads"
+        )
     prec = normalize_precision(precision)
     opt = normalize_optimizer(optimizer if training else "none")
     ckpt = _checkpointing_name(checkpointing)

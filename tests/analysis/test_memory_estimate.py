@@ -103,6 +103,76 @@ def test_llama2_7b_from_its_hugging_face_config() -> None:
     assert est.largest_batch(est.peak_bytes - 1) == 0
 
 
+LLAMA2_7B_AS_SAVED = {  # a config.json that leaves hidden_act and tie_word_embeddings out
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "vocab_size": 32000,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "published_billions"),
+    [
+        # Llama 2 7B: 6.74 B (Meta's model card); its MLP is gated whatever the config omits,
+        # and LlamaConfig does not tie the head to the embeddings.
+        (LLAMA2_7B_AS_SAVED, 6.74),
+        # Gemma 7B: 8.54 B (Gemma report, Table 2: 786 M embedding + 7,751 M other); GeGLU
+        # MLP with hidden_act gelu_pytorch_tanh, tied embeddings.
+        (
+            {
+                "model_type": "gemma",
+                "hidden_act": "gelu_pytorch_tanh",
+                "hidden_size": 3072,
+                "intermediate_size": 24576,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 28,
+                "head_dim": 256,
+                "vocab_size": 256000,
+            },
+            8.54,
+        ),
+        # Mixtral 8x7B: 46.7 B total (Mistral AI's announcement): eight SwiGLU experts a layer.
+        (
+            {
+                "model_type": "mixtral",
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "num_hidden_layers": 32,
+                "vocab_size": 32000,
+                "num_local_experts": 8,
+            },
+            46.7,
+        ),
+    ],
+)
+def test_model_family_decides_the_mlp_and_the_head(
+    config: dict[str, object], published_billions: float
+) -> None:
+    cfg = me.TransformerConfig.from_mapping(config)
+    assert cfg.parameter_count() / 1e9 == pytest.approx(published_billions, abs=0.01)
+
+
+def test_plain_mlp_families_and_unknown_moe_layouts() -> None:
+    gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257}
+    assert not me.TransformerConfig.from_mapping(gpt2).gated_mlp
+    assert me.TransformerConfig.from_mapping(gpt2).tied_embeddings
+    qwen_moe = {**LLAMA2_7B_AS_SAVED, "model_type": "qwen2_moe", "num_experts": 60}
+    with pytest.raises(GpuDiagError, match="mixture-of-experts"):
+        me.TransformerConfig.from_mapping(qwen_moe)
+
+
+def test_tensor_parallelism_must_split_whole_heads() -> None:
+    # gpudiag plan refuses such layouts; the estimate must not price one either.
+    with pytest.raises(GpuDiagError, match="does not divide the 32 attention heads"):
+        me.estimate_transformer(LLAMA2_7B_AS_SAVED, parallelism="tp:3")
+    assert me.estimate_transformer(LLAMA2_7B_AS_SAVED, parallelism="tp:4").peak_bytes > 0
+
+
 def test_parallelism_parsing_and_errors() -> None:
     p = me.Parallelism.parse("zero2:8, tp:2, pp:4, sp")
     assert (p.dp, p.zero, p.tp, p.pp, p.sequence_parallel, p.gpus) == (8, 2, 2, 4, True, 64)
