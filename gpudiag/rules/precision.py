@@ -21,6 +21,7 @@ from gpudiag.rules.finding import (
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
+    from gpudiag.analysis.trace.shapes import GemmShape
 
 CATEGORY = "precision"
 
@@ -207,6 +208,33 @@ def _reduced_precision_matmul_share(trace: TraceReport | None) -> float | None:
     return sum(g.cpu_us for g in gemms if g.dtype in {"bf16", "fp16"}) / total
 
 
+# The step's own matmuls timed for CPU bf16 advice: the largest by host time until they
+# cover this share of its fp32 matmul time, at most MAX_TIMED_MATMULS of them.
+TIMED_MATMUL_SHARE = 0.8
+MAX_TIMED_MATMULS = 4
+
+
+def _fp32_matmuls(trace: TraceReport | None) -> tuple[list[GemmShape], float]:
+    """The step's largest fp32 matmul shapes by host time (see TIMED_MATMUL_SHARE) and the
+    share of its fp32 matmul time they cover; ([], 0) without a trace that recorded shapes."""
+    gemms = sorted(
+        (
+            g
+            for g in (trace.gemm_shapes() if trace is not None else ())
+            if g.dtype in (None, "fp32") and not g.in_attention and g.cpu_us > 0
+        ),
+        key=lambda g: g.cpu_us,
+        reverse=True,
+    )
+    total = sum(g.cpu_us for g in gemms)
+    chosen: list[GemmShape] = []
+    for g in gemms[:MAX_TIMED_MATMULS]:
+        chosen.append(g)
+        if sum(c.cpu_us for c in chosen) >= TIMED_MATMUL_SHARE * total:
+            break
+    return chosen, (sum(c.cpu_us for c in chosen) / total if total else 0.0)
+
+
 def _fp32_params(model: Any) -> bool:
     import torch
 
@@ -233,10 +261,18 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     if evidence.system_report.is_recording:
         return  # a recorded machine's CPU cannot be measured from here
-    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed
+    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed, workload_bf16_speed
 
-    # The flags say bf16 has instructions, not that torch runs it faster: measure (cached).
-    speed = cpu_bf16_speed()
+    # The flags say bf16 has instructions, not that torch runs it faster: measure (cached),
+    # on the step's own largest fp32 matmul when a trace with shapes says which it is.
+    own, covered = _fp32_matmuls(evidence.trace)
+    speed = (
+        workload_bf16_speed(
+            [((g.dims.m, g.dims.n, g.dims.k), g.cpu_us) for g in own], covered=covered
+        )
+        if own
+        else cpu_bf16_speed()
+    )
     flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
     items = [
         Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
@@ -256,10 +292,12 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
                 trace_source(evidence.trace),
             )
         )
+    whose = "the step's own matmuls" if own else "its matmuls"
     threshold = (
-        f"fp32 parameters on a CPU with AVX512-BF16 or AMX where bf16 matmuls measured at "
-        f"least {FAST_RATIO:.2f}x the speed of fp32, and under half of the traced matmul time "
-        "in bf16/fp16 (when a trace with shapes is at hand)"
+        f"fp32 parameters on a CPU with AVX512-BF16 or AMX where bf16 measured at least "
+        f"{FAST_RATIO:.2f}x the speed of fp32 (on the step's own matmuls when a trace with "
+        "shapes is at hand, else a 512-cubed product), and under half of the traced matmul "
+        "time in bf16/fp16"
     )
     if not speed.fast:
         what = (
@@ -271,7 +309,7 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
             "precision.cpu_bf16_not_faster",
             Severity.INFO,
             CATEGORY,
-            f"this CPU has bf16 instructions, but its bf16 matmuls {what}: not a reason to "
+            f"this CPU has bf16 instructions, but {whose} in bf16 {what}: not a reason to "
             "switch to bf16 autocast",
             tuple(items),
             threshold=threshold,
@@ -283,7 +321,7 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
         "precision.cpu_fp32_with_bf16",
         Severity.MEDIUM,
         CATEGORY,
-        f"the workload trains in fp32 on a CPU where bf16 matmuls measured {faster} faster "
+        f"the workload trains in fp32 on a CPU where {whose} in bf16 measured {faster} faster "
         "than fp32: bf16 autocast should speed up its matmuls",
         tuple(items),
         threshold=threshold,

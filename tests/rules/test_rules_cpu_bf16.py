@@ -133,3 +133,49 @@ def test_inspect_and_compare_say_instructions_not_fast(bf16_cpu: Any, fake_clock
     )
     assert "2 logical cores with bf16 instructions" in comparison.hardware
     assert comparison.system["cpu_bf16_instructions"] is True
+
+
+def test_a_workloads_ratio_is_its_matmul_time_in_fp32_over_bf16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fast, slow = (512, 512, 512), (10, 256, 64)
+    monkeypatch.setattr(
+        cpu_bf16,
+        "_BY_SHAPE",
+        {fast: Bf16Speed(2.0, shape=fast, threads=1), slow: Bf16Speed(0.5, shape=slow, threads=1)},
+    )
+    # 3 ms of fp32 at 2x and 1 ms at 0.5x: 4 ms in fp32, 1.5 + 2 ms in bf16.
+    speed = cpu_bf16.workload_bf16_speed([(fast, 3.0), (slow, 1.0)], covered=0.9)
+    assert speed.ratio == pytest.approx(4 / 3.5)
+    assert not speed.fast
+    assert "512x512 @ 512x512, 10x64 @ 64x256, 90% of its fp32 matmul time" in speed.source
+    failed = Bf16Speed(None, shape=slow, reason="bf16 matmul cannot run here: no kernel")
+    monkeypatch.setitem(cpu_bf16._BY_SHAPE, slow, failed)
+    assert cpu_bf16.workload_bf16_speed([(fast, 3.0), (slow, 1.0)]).reason == failed.reason
+
+
+def test_advice_on_a_traced_step_times_its_own_matmuls(
+    bf16_cpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The README's model: 64 -> 256 -> 10. A large square product is fast in bf16 here; the
+    # step's own small products are not, and gd.compare measures precision.bf16 slower on it.
+    timed: list[tuple[int, int, int] | None] = []
+
+    def fake(*_: Any, shape: tuple[int, int, int] | None = None) -> Bf16Speed:
+        timed.append(shape)
+        return Bf16Speed(2.6 if shape is None else 0.5, fp32_ms=1.0, bf16_ms=1.0, shape=shape)
+
+    monkeypatch.setattr(cpu_bf16, "measure_bf16_speed", fake)
+    monkeypatch.setattr(cpu_bf16, "_MEASURED", None)
+    monkeypatch.setattr(cpu_bf16, "_BY_SHAPE", {})
+    from gpudiag.doctor import diagnose
+
+    workload = mlp.build(batch_size=64, in_features=64, hidden=256)
+    diagnosis = diagnose(workload, system=bf16_cpu, steps=1, scaling=False, progress=False)
+    (finding,) = [f for f in diagnosis.findings if f.id.startswith("precision.cpu_")]
+    assert finding.id == "precision.cpu_bf16_not_faster"
+    assert "the step's own matmuls in bf16 measured 0.50x" in finding.message
+    assert timed
+    assert None not in timed  # never the square product
+    speed = next(e for e in finding.evidence if e.name == "bf16 / fp32 matmul speed")
+    assert speed.source.startswith("measured: the step's own matmuls (")
