@@ -80,6 +80,9 @@ class GpuInfo:
     # The board's default limit (`nvidia-smi --query-gpu=power.default_limit`): an enforced
     # limit below it was lowered by an admin, a tool, or a shared budget (GH200 module).
     default_power_limit_w: Reading[float] = field(default_factory=_na)
+    # The limit asked for (`nvidia-smi -pl`, NVML's power management limit): an enforced limit
+    # below it comes from another budget (module, chassis), which `nvidia-smi -pl` cannot lift.
+    requested_power_limit_w: Reading[float] = field(default_factory=_na)
     persistence_mode: Reading[bool] = field(default_factory=_na)
     ecc_enabled: Reading[bool] = field(default_factory=_na)
     mig_enabled: Reading[bool] = field(default_factory=_na)

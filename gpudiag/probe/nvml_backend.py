@@ -160,6 +160,9 @@ class NvmlBackend:
             max_sm_clock_mhz=s.call("nvmlDeviceGetMaxClockInfo", h, clock_sm),
             max_memory_clock_mhz=s.call("nvmlDeviceGetMaxClockInfo", h, clock_mem),
             power_limit_w=_map(s.call("nvmlDeviceGetEnforcedPowerLimit", h), lambda mw: mw / 1000),
+            requested_power_limit_w=_map(
+                s.call("nvmlDeviceGetPowerManagementLimit", h), lambda mw: mw / 1000
+            ),
             default_power_limit_w=_map(
                 s.call("nvmlDeviceGetPowerManagementDefaultLimit", h), lambda mw: mw / 1000
             ),

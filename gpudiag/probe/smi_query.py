@@ -53,6 +53,10 @@ QUERY_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("gpu_power_readings/default_power_limit", "power_readings/default_power_limit"),
         ("GPU Power Readings/Default Power Limit", "Power Readings/Default Power Limit"),
     ),
+    "requested_power_limit": (
+        ("gpu_power_readings/requested_power_limit", "power_readings/requested_power_limit"),
+        ("GPU Power Readings/Requested Power Limit", "Power Readings/Requested Power Limit"),
+    ),
     "persistence_mode": (("persistence_mode",), ("Persistence Mode",)),
     "ecc_mode": (("ecc_mode/current_ecc",), ("ECC Mode/Current",)),
     "mig_mode": (("mig_mode/current_mig",), ("MIG Mode/Current",)),
@@ -245,6 +249,7 @@ class QueryReader(ABC):
             max_memory_clock_mhz=self.number("max_memory_clock", as_int=True),
             power_limit_w=self.number("power_limit"),
             default_power_limit_w=self.number("default_power_limit"),
+            requested_power_limit_w=self.number("requested_power_limit"),
             persistence_mode=self.flag("persistence_mode"),
             ecc_enabled=self.flag("ecc_mode"),
             mig_enabled=self.flag("mig_mode"),

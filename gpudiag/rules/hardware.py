@@ -236,10 +236,11 @@ POWER_LIMIT_LOWERED = 0.95  # enforced limit below 95 % of the board's default
 def power_limit_lowered(evidence: EvidenceBundle) -> Iterator[Finding]:
     """Power limit set below the board's default: heavy kernels reach the cap sooner.
 
-    Seen on real recordings: an RTX 3090 at 200 W of its 350 W default, and a GH200 whose GPU
-    runs at 700 W of its 900 W default (the driver requested 900 W; the Grace Hopper module
-    shares one budget between CPU and GPU). MEDIUM while the GPU is busy and the power cap is
-    the active clock-event reason, LOW otherwise: an idle GPU does not show whether it matters.
+    Seen on real recordings: an RTX 3090 at 200 W of its 350 W default (set with
+    `nvidia-smi -pl`), and a GH200 whose GPU runs at 700 W of its 900 W default while 900 W is
+    requested (the Grace Hopper module shares one budget between CPU and GPU): only the first
+    is lifted by `nvidia-smi -pl`. MEDIUM while the GPU is busy and the power cap is the active
+    clock-event reason, LOW otherwise: an idle GPU does not show whether it matters.
     """
     for gpu in _gpus(evidence):
         limit, default = gpu.info.power_limit_w.get(), gpu.info.default_power_limit_w.get()
@@ -247,29 +248,60 @@ def power_limit_lowered(evidence: EvidenceBundle) -> Iterator[Finding]:
             continue
         reasons = tuple(gpu.state.clock_event_reasons.get(()) or ())
         capped = is_busy(gpu) and "sw_power_cap" in reasons
+        requested = gpu.info.requested_power_limit_w.get()
+        # Asked for (about) the default but held lower: another budget enforces the limit.
+        elsewhere = requested is not None and requested >= default * POWER_LIMIT_LOWERED
+        items = [
+            Evidence("power.limit", limit, "W", source_of(gpu.info.power_limit_w)),
+            Evidence(
+                "power.default_limit", default, "W", source_of(gpu.info.default_power_limit_w)
+            ),
+        ]
+        if requested is not None:
+            items.append(
+                Evidence(
+                    "power.requested_limit",
+                    requested,
+                    "W",
+                    source_of(gpu.info.requested_power_limit_w),
+                )
+            )
+        items += [
+            Evidence("power.draw", gpu.state.power_w.get(), "W", source_of(gpu.state.power_w)),
+            Evidence(
+                "clocks_event_reasons",
+                ", ".join(reasons) or "none",
+                source=source_of(gpu.state.clock_event_reasons),
+            ),
+        ]
+        if elsewhere:
+            why = (
+                f", though {requested:.0f} W is requested: another power budget (the module's "
+                "or the chassis') holds it there"
+            )
+            instruction = (
+                "`nvidia-smi -pl` cannot raise it (the requested limit is already the default): "
+                "`nvidia-smi -q -d POWER` shows the module's limits (on Grace Hopper the CPU "
+                "and the GPU share one module budget), and the platform's power policy sets them"
+            )
+        else:
+            why = ""
+            instruction = (
+                "`nvidia-smi -q -d POWER` shows the limits; unless the cap is deliberate (a "
+                "rack power budget), restore it with "
+                f"`sudo nvidia-smi -i {gpu.info.index} -pl {default:.0f}`"
+            )
         yield Finding(
             "hw.power_limit_lowered",
             Severity.MEDIUM if capped else Severity.LOW,
             CATEGORY,
             f"{gpu_label(gpu)} power limit is {limit:.0f} W, {1 - limit / default:.0%} below its "
             f"default {default:.0f} W"
+            + why
             + (": the GPU is at that cap now and its clocks drop" if capped else ""),
-            (
-                Evidence("power.limit", limit, "W", source_of(gpu.info.power_limit_w)),
-                Evidence(
-                    "power.default_limit", default, "W", source_of(gpu.info.default_power_limit_w)
-                ),
-                Evidence("power.draw", gpu.state.power_w.get(), "W", source_of(gpu.state.power_w)),
-                Evidence(
-                    "clocks_event_reasons",
-                    ", ".join(reasons) or "none",
-                    source=source_of(gpu.state.clock_event_reasons),
-                ),
-            ),
+            tuple(items),
             threshold=f"enforced power limit < {POWER_LIMIT_LOWERED:.0%} of the default limit",
-            instruction="`nvidia-smi -q -d POWER` shows the limits; unless the cap is deliberate "
-            "(a rack or module power budget, as on GH200), restore it with "
-            f"`sudo nvidia-smi -i {gpu.info.index} -pl {default:.0f}`",
+            instruction=instruction,
         )
 
 

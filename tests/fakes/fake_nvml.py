@@ -388,6 +388,12 @@ class FakeNvml(types.ModuleType):
         )
         return round(watts * 1000)
 
+    def _nvmlDeviceGetPowerManagementLimit(self, h: _Handle) -> int:
+        watts = _num(
+            h.el, "gpu_power_readings/requested_power_limit", "power_readings/requested_power_limit"
+        )
+        return round(watts * 1000)
+
     def _nvmlDeviceGetPowerManagementDefaultLimit(self, h: _Handle) -> int:
         watts = _num(
             h.el, "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"

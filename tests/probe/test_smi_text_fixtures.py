@@ -309,7 +309,11 @@ def test_recorded_hopper_machines_get_only_the_real_hardware_finding(path: Path)
         by_id = {f.id: f for f in diagnosis.findings}
         power = by_id["hw.power_limit_lowered"]
         assert "700 W, 22% below its default 900 W" in power.message
-        assert [e.value for e in power.evidence[:2]] == [700.0, 900.0]
+        assert [e.value for e in power.evidence[:3]] == [700.0, 900.0, 900.0]
+        # 900 W is already requested: `nvidia-smi -pl 900` would change nothing.
+        assert "though 900 W is requested" in power.message
+        assert "-pl 900" not in (power.instruction or "")
+        assert "module" in (power.instruction or "")
         assert "1 memory row remapped" in by_id["hw.rows_remapped"].message
     else:
         assert found == set()

@@ -274,8 +274,14 @@ def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(
     from gpudiag.bench import cpu_bf16
     from gpudiag.workloads import mlp
 
-    # bf16 measured faster (injected): the advice then depends on the trace alone.
-    monkeypatch.setattr(cpu_bf16, "_MEASURED", cpu_bf16.Bf16Speed(2.0, 3.0, 1.5, threads=1))
+    # bf16 measured faster on every product (injected): the advice then depends on the
+    # trace's matmul dtypes alone.
+    def measured(*_: Any, shape: Any = None) -> cpu_bf16.Bf16Speed:
+        return cpu_bf16.Bf16Speed(2.0, 3.0, 1.5, threads=1, shape=shape)
+
+    monkeypatch.setattr(cpu_bf16, "measure_bf16_speed", measured)
+    monkeypatch.setattr(cpu_bf16, "_MEASURED", None)
+    monkeypatch.setattr(cpu_bf16, "_BY_SHAPE", {})
 
     fp32 = mlp.build(batch_size=32, in_features=32, hidden=64)
     found = diagnose(fp32, system=bf16_cpu, steps=1, env={}, scaling=False)
