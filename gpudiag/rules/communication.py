@@ -359,7 +359,8 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
             else "do before their collectives (their traces' CPU operators and DataLoader "
             "waits, their hosts' load"
         )
-        + ", CPU pinning and clocks with gpudiag inspect); even out the work per rank (data sharding, uneven embedding "
-        "tables); `gd.analyze_trace(folder).collectives()` lists every call",
+        + ", CPU pinning and clocks with gpudiag inspect); even out the work per rank (data "
+        "sharding, uneven embedding tables); `gd.analyze_trace(folder).collectives()` lists "
+        "every call",
         estimated_gain=min(share, 1.0),
     )
