@@ -10,16 +10,21 @@ microsecond behind compute is the most a fix can save.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from gpudiag.analysis.trace.collectives import (
+    MIN_MATCHED_CALLS,
+    STRAGGLER_HOLD_SHARE,
+    TOGETHER_SHARE,
+)
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, Severity
 
 if TYPE_CHECKING:
-    from gpudiag.analysis.trace.collectives import CollectiveReport
+    from gpudiag.analysis.trace.collectives import CollectiveReport, CollectiveStats
     from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "communication"
@@ -56,9 +61,55 @@ def _per_rank_evidence(rows: tuple[CommOverlap, ...], src: str) -> tuple[Evidenc
     )
 
 
+# Advice that fits each kind of collective (the one that takes most of the calls' time).
+_OVERLAP_ADVICE = {
+    "all_reduce": "let DDP overlap gradient all-reduce with backward (bucket_cap_mb, "
+    "gradient_as_bucket_view, no extra syncs in backward)",
+    "all_gather": "with FSDP, prefetch the next all-gather (forward_prefetch / backward_prefetch)",
+    "reduce_scatter": "with FSDP, overlap the gradient reduce-scatter with backward "
+    "(backward_prefetch; keep reshard_after_forward only where memory needs it)",
+    "all_to_all": "overlap the all-to-all exchange (sharded embedding lookups, MoE token "
+    "dispatch) with dense compute, e.g. a pipelined step that starts the next batch's exchange "
+    "during this batch's dense part (TorchRec's TrainPipelineSparseDist), or send fewer, larger "
+    "exchanges",
+    "send_recv": "overlap the point-to-point sends/receives with compute (pipeline "
+    "micro-batches) or batch them (batch_isend_irecv)",
+}
+_GENERIC_ADVICE = (
+    "let DDP overlap gradient all-reduce with backward (bucket_cap_mb, gradient_as_bucket_view, "
+    "no extra syncs in backward); with FSDP, prefetch the next all-gather (forward_prefetch / "
+    "backward_prefetch)"
+)
+ADVICE_SHARE = 0.25  # a collective with this share of the calls' time gets its advice
+WAITING_DOMINATES = 0.5  # waiting for late ranks is most of the communication time
+
+
+def _time_by_op(trace: TraceReport) -> dict[str, float]:
+    """GPU time of the recorded collective calls by collective, summed over the ranks."""
+    out: dict[str, float] = {}
+    for r in trace.ranks:
+        for c in r.collectives:
+            if c.timed_on == "gpu":
+                out[c.op] = out.get(c.op, 0.0) + c.duration_us
+    return out
+
+
+def _advice(by_op: dict[str, float]) -> tuple[str, list[tuple[str, float]]]:
+    total = sum(by_op.values())
+    shares = sorted(((op, us / total) for op, us in by_op.items()), key=lambda x: -x[1])
+    fitting = [
+        _OVERLAP_ADVICE[op] for op, f in shares if f >= ADVICE_SHARE and op in _OVERLAP_ADVICE
+    ]
+    return ("; ".join(fitting) if fitting else _GENERIC_ADVICE), shares
+
+
 @rule("comm.exposed", category=CATEGORY, needs=("gpu_trace",))
 def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """Communication above 10 % of the GPU's time, 5 % or more of it with no compute alongside."""
+    """Communication above 10 % of the GPU's time, 5 % or more of it with no compute alongside.
+
+    With several ranks, the time ranks wait inside the collectives for a late rank is read from
+    the matched calls: when it is most of the communication, the exposed time is mostly waiting
+    (comm.late_rank's finding), and only the rest is transfer that overlap could hide."""
     trace = evidence.trace_report
     comm = trace.communication()
     if comm is None or comm.span_us <= 0:
@@ -69,36 +120,88 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     src = trace_source(trace)
     scope = "" if comm.rank is not None else f" ({comm.label})"
     world = trace.ranks[0].world_size
-    yield Finding(
-        "comm.exposed",
-        Severity.HIGH if exposed >= EXPOSED_HIGH else Severity.MEDIUM,
-        CATEGORY,
+    items = [
+        Evidence(f"communication{scope}", _pct(total), "% of span", src),
+        Evidence(f"communication overlapped by compute{scope}", _pct(overlap), "%", src),
+        Evidence(f"exposed communication{scope}", _pct(exposed), "% of span", src),
+        *_per_rank_evidence(trace.communication_by_rank(), src),
+        Evidence("world size", world, source=src),
+    ]
+    advice, shares = _advice(_time_by_op(trace))
+    if shares:
+        items.append(
+            Evidence(
+                "collective calls' GPU time by collective",
+                ", ".join(f"{op} {100 * f:.0f}%" for op, f in shares),
+                "",
+                src,
+            )
+        )
+    message = (
         f"communication kernels run {total:.1%} of the GPU's time{scope} and "
         f"{(overlap or 0.0):.0%} of that overlaps compute: for {exposed:.1%} of the time the "
-        "GPU only communicates",
-        (
-            Evidence(f"communication{scope}", _pct(total), "% of span", src),
-            Evidence(f"communication overlapped by compute{scope}", _pct(overlap), "%", src),
-            Evidence(f"exposed communication{scope}", _pct(exposed), "% of span", src),
-            *_per_rank_evidence(trace.communication_by_rank(), src),
-            Evidence("world size", world, source=src),
-        ),
+        "GPU only communicates"
+    )
+    gain = exposed
+    instruction = f"{advice}; check the interconnect with gd.bench.allreduce"
+    if len(trace.ranks) > 1 and comm.total_us > 0:
+        report = trace.collectives()
+        wait_us = sum(w.wait_us for w in report.by_rank)
+        waiting = min(wait_us / comm.total_us, 1.0)
+        # Exposed time that is not waiting is at most the communication time that is not.
+        transfer = max(0.0, min(comm.exposed_us, comm.total_us - wait_us)) / comm.span_us
+        items += [
+            Evidence(
+                f"ranks waiting inside collectives for late ranks{scope}",
+                _pct(waiting),
+                "% of communication time",
+                src,
+            ),
+            Evidence(
+                f"exposed communication that is not waiting{scope}, at most",
+                _pct(transfer),
+                "% of span",
+                src,
+            ),
+        ]
+        if waiting >= WAITING_DOMINATES:
+            who = " (comm.late_rank names them)" if report.stragglers else ""
+            message += (
+                f"; {waiting:.0%} of the communication time is ranks waiting for ranks that "
+                f"start the collectives late{who}, so at most {transfer:.1%} of the time is "
+                "exposed transfer"
+            )
+            gain = transfer
+            instruction = (
+                "most of it is waiting: make the late ranks start on time first"
+                f"{who}; then {instruction}"
+            )
+    severity = (
+        Severity.HIGH
+        if gain >= EXPOSED_HIGH
+        else Severity.MEDIUM
+        if gain >= EXPOSED_MEDIUM
+        else Severity.LOW
+    )
+    yield Finding(
+        "comm.exposed",
+        severity,
+        CATEGORY,
+        message,
+        tuple(items),
         threshold=f"communication > {COMM_SHARE:.0%} of span and exposed communication >= "
-        f"{EXPOSED_MEDIUM:.0%} of span (high from {EXPOSED_HIGH:.0%})",
-        instruction="let DDP overlap gradient all-reduce with backward (bucket_cap_mb, "
-        "gradient_as_bucket_view, no extra syncs in backward); with FSDP, prefetch the next "
-        "all-gather (forward_prefetch / backward_prefetch); check the interconnect with "
-        "gd.bench.allreduce",
-        estimated_gain=exposed,
+        f"{EXPOSED_MEDIUM:.0%} of span; severity by the exposed time that is not waiting for "
+        f"late ranks (high from {EXPOSED_HIGH:.0%})",
+        instruction=instruction,
+        estimated_gain=gain,
     )
 
 
-# A rank whose late starts hold the others inside the collectives: from the matched calls of
-# TraceReport.collectives() (start skew, wait per rank), not from GPU work.
-LATE_SHARE = 0.5  # its lateness is at least half of all ranks' lateness
-MIN_CALLS = 3
-LATE_HIGH = 0.20  # its lateness as a share of the median rank's span
+# The ranks the others wait for, read from the matched calls of TraceReport.collectives()
+# (who starts each call late, and for how long the others wait), not from GPU work.
+LATE_HIGH = 0.20  # the time they hold the others, as a share of the median rank's span
 LATE_MEDIUM = 0.05
+LATE_LOW = 0.01
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
 
@@ -121,35 +224,95 @@ def _median_span(trace: TraceReport, report: CollectiveReport) -> float:
     return spans[len(spans) // 2] if spans else 0.0
 
 
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _late_episode(call: CollectiveStats) -> str:
+    """ "ranks 2, 6, 7 start together 7.12-7.62 ms after rank 1" for one matched call."""
+    first = min(call.starts_us, key=lambda r: (call.starts_us[r], r))
+    t0 = call.starts_us[first]
+    offsets = [(call.starts_us[r] - t0) / 1000 for r in call.late_ranks]
+    when = (
+        f"{min(offsets):.2f}-{max(offsets):.2f} ms"
+        if max(offsets) - min(offsets) >= 0.005
+        else f"{max(offsets):.2f} ms"
+    )
+    verb = "starts" if len(call.late_ranks) == 1 else "start together"
+    return f"{_ranks_text(call.late_ranks)} {verb} {when} after rank {first}"
+
+
+def _why_late(trace: TraceReport, named: Sequence[int]) -> tuple[str, Evidence | None]:
+    """Whether the late ranks' GPUs do more work than the others' (per-rank summaries)."""
+    work = {c.rank: c.work_us for c in trace.comparison}
+    others = sorted(v for r, v in work.items() if r not in named)
+    mine = [work[r] for r in named if r in work]
+    if not others or not mine:
+        return "", None
+    median = others[len(others) // 2]
+    item = Evidence(
+        f"{_ranks_text(named)} GPU work vs the other ranks' median",
+        f"{' / '.join(f'{w / 1000:.2f}' for w in mine)} vs {median / 1000:.2f}",
+        "ms",
+        trace_source(trace),
+    )
+    if median <= 0:
+        return "", item
+    one = len(named) == 1
+    if max(mine) <= median * (1 + WORK_MARGIN):
+        return (
+            f"; {'its GPU does' if one else 'their GPUs do'} no more work than the others', so "
+            f"the delay comes before {'its' if one else 'their'} launches (host side: data "
+            "loading, CPU contention, a slower node)",
+            item,
+        )
+    more = f"{max(mine) / median - 1:.0%} more GPU work than the others"
+    return f"; {'it runs' if one else 'they run up to'} {more}", item
+
+
 @rule("comm.late_rank", category=CATEGORY, needs=("trace",))
 def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """One rank's late starts hold the others inside the collectives (most of the waiting)."""
+    """The ranks the others wait for inside the collectives: those that start calls last
+    (or together with the last) in the calls that hold the others longest."""
     trace = evidence.trace_report
     if len(trace.ranks) < 2:
         return
     report = trace.collectives()
-    late = report.waited_for
-    if late is None or len(report.calls) < MIN_CALLS:
-        return
-    if late.lateness_us < LATE_SHARE * sum(w.lateness_us for w in report.by_rank):
-        return  # the delays are spread over the ranks: no one rank to point at
+    late = report.stragglers
+    if not late:
+        return  # too few matched calls, or the delays are spread over the ranks
+    named = sorted(w.rank for w in late)
+    held_calls = [c for c in report.calls if set(c.late_ranks) & set(named)]
+    held = sum(c.hold_us for c in held_calls)
     span = _median_span(trace, report)
-    share = late.lateness_us / span if span > 0 else 0.0
-    if share < LATE_MEDIUM:
+    share = held / span if span > 0 else 0.0
+    if share < LATE_LOW:
         return
     src = trace_source(trace)
+    n = len(report.calls)
+    worst = max(held_calls, key=lambda c: c.hold_us)
     waiting = max(report.by_rank, key=lambda w: w.wait_us)
     items = [
         Evidence(
-            f"rank {late.rank} started last",
-            late.last_arrivals,
-            f"of {len(report.calls)} matched collectives",
+            f"rank {w.rank} late (last, or with the last) / last to start",
+            f"{w.late_calls} / {w.last_arrivals}",
+            f"of {n} matched collectives",
+            src,
+        )
+        for w in sorted(late, key=lambda w: w.rank)
+    ]
+    items += [
+        Evidence(
+            f"others held by calls where {_ranks_text(named)} "
+            f"{'is' if len(named) == 1 else 'are'} late",
+            round(held / 1000, 2),
+            f"ms of {report.total_hold_us / 1000:.2f} ms held in all",
             src,
         ),
         Evidence(
-            f"rank {late.rank} later than the others' median start",
-            round(late.lateness_us / 1000, 2),
-            "ms in all",
+            f"longest hold: {worst.op} call {worst.seq}",
+            round(worst.hold_us / 1000, 2),
+            f"ms ({_late_episode(worst)})",
             src,
         ),
         Evidence("median rank's profiled time", round(span / 1000, 2), "ms", src),
@@ -160,41 +323,44 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
             src,
         ),
     ]
-    why = ""
-    work = {c.rank: c.work_us for c in trace.comparison}
-    if late.rank in work and len(work) >= 2:
-        others = sorted(v for r, v in work.items() if r != late.rank)
-        median = others[len(others) // 2]
-        items.append(
-            Evidence(
-                f"rank {late.rank} GPU work vs the others' median",
-                f"{work[late.rank] / 1000:.2f} vs {median / 1000:.2f}",
-                "ms",
-                src,
-            )
-        )
-        if median > 0 and work[late.rank] <= median * (1 + WORK_MARGIN):
-            why = (
-                "; its GPU does no more work than the others', so the delay comes before its "
-                "launches (host side: data loading, CPU contention, a slower node)"
-            )
-        elif median > 0:
-            why = f"; it runs {work[late.rank] / median - 1:.0%} more GPU work than the others"
-    items += [Evidence("note", n, source=src) for n in report.notes[:2]]
+    why, work_item = _why_late(trace, named)
+    if work_item is not None:
+        items.append(work_item)
+    items += [Evidence("note", note, source=src) for note in report.notes[:2]]
+    counts = ", ".join(str(w.late_calls) for w in sorted(late, key=lambda w: w.rank))
+    severity = (
+        Severity.HIGH
+        if share >= LATE_HIGH
+        else Severity.MEDIUM
+        if share >= LATE_MEDIUM
+        else Severity.LOW
+    )
     yield Finding(
         "comm.late_rank",
-        Severity.HIGH if share >= LATE_HIGH else Severity.MEDIUM,
+        severity,
         CATEGORY,
-        f"rank {late.rank} starts {late.last_arrivals} of {len(report.calls)} collectives last, "
-        f"{late.lateness_us / 1000:.1f} ms in all after the others: they wait for it inside "
-        f"the collectives{why}",
+        f"the other ranks wait inside the collectives for {_ranks_text(named)}: the calls they "
+        f"start late hold the others {held / 1000:.1f} ms ({share:.0%} of the median rank's "
+        f"profiled time); the longest wait is at {worst.op} call {worst.seq}, where "
+        f"{_late_episode(worst)} ({'it is' if len(named) == 1 else 'they are'} late at "
+        f"{counts} of {n} calls){why}",
         tuple(items),
-        threshold=f"one rank holds >= {LATE_SHARE:.0%} of the lateness over >= {MIN_CALLS} "
-        f"matched collectives, late by >= {LATE_MEDIUM:.0%} of the median rank's profiled time "
-        f"(high from {LATE_HIGH:.0%})",
-        instruction=f"look at what rank {late.rank} does before its collectives (its trace's "
-        "CPU operators and DataLoader waits, its host's load, CPU pinning and clocks with "
-        "gpudiag inspect); even out the work per rank (data sharding, uneven embedding "
-        "tables); `gd.analyze_trace(folder).collectives()` lists every call",
+        threshold=f"over >= {MIN_MATCHED_CALLS} matched collectives, the ranks late (last to "
+        f"start, or within {TOGETHER_SHARE:.0%} of the call's skew of the last) in calls that "
+        f"hold the others >= {STRAGGLER_HOLD_SHARE:.0%} of all the holding (hold: last start "
+        "minus the median start of the ranks not late); severity by that time over the median "
+        f"rank's profiled time (low from {LATE_LOW:.0%}, medium {LATE_MEDIUM:.0%}, high "
+        f"{LATE_HIGH:.0%})",
+        instruction=f"look at what {_ranks_text(named)} "
+        + (
+            "does before its collectives (its trace's CPU operators and DataLoader waits, its "
+            "host's load"
+            if len(named) == 1
+            else "do before their collectives (their traces' CPU operators and DataLoader "
+            "waits, their hosts' load"
+        )
+        + ", CPU pinning and clocks with gpudiag inspect); even out the work per rank (data "
+        "sharding, uneven embedding tables); `gd.analyze_trace(folder).collectives()` lists "
+        "every call",
         estimated_gain=min(share, 1.0),
     )

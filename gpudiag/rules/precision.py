@@ -149,10 +149,14 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
     if unused_share < ELIGIBLE_UNUSED:
         return
     tc_share = trace.tensor_core_share or 0.0
-    ops = sorted(
-        (op for u in uses for op in u.eligible_ops if op.kernel_us > op.tensor_core_us),
-        key=lambda op: op.tensor_core_us - op.kernel_us,
-    )
+    # One line per operator: the same operator on several ranks is summed over them.
+    off_by_op: dict[str, float] = {}
+    for u in uses:
+        for op in u.eligible_ops:
+            if op.kernel_us > op.tensor_core_us:
+                off_by_op[op.name] = off_by_op.get(op.name, 0.0) + op.kernel_us - op.tensor_core_us
+    ops = sorted(off_by_op.items(), key=lambda kv: -kv[1])
+    summed = f" ({len(uses)} ranks summed)" if len(uses) > 1 else ""
     src = trace_source(trace)
     items = [
         Evidence(
@@ -165,13 +169,8 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
         Evidence("GPU", f"{name} (cc {cc[0]}.{cc[1]})", source=src),
     ]
     items += [
-        Evidence(
-            f"{op.name} off tensor cores",
-            round((op.kernel_us - op.tensor_core_us) / 1e3, 2),
-            "ms",
-            src,
-        )
-        for op in ops[:3]
+        Evidence(f"{name} off tensor cores{summed}", round(off_us / 1e3, 2), "ms", src)
+        for name, off_us in ops[:3]
     ]
     span = span_us(trace)
     gain = unused * _TENSOR_CORE_SAVING / span if span else None

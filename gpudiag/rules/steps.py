@@ -55,9 +55,14 @@ def step_outliers(evidence: EvidenceBundle) -> Iterator[Finding]:
 
 @rule("steps.stragglers", category=CATEGORY, needs=("trace",))
 def stragglers(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """Ranks whose GPU work takes longer than the others' (the rest wait for them)."""
+    """Ranks with more GPU work than the others, where the collectives cannot say who waits.
+
+    Where three or more collectives match across the ranks, the trace analysis reads the
+    stragglers from who arrives late (``straggler_basis`` "collective arrivals") and
+    comm.late_rank reports them: this rule stays silent, so the same waiting is told once.
+    """
     trace = evidence.trace_report
-    if not trace.stragglers:
+    if not trace.stragglers or trace.straggler_basis != "gpu work":
         return
     src = trace_source(trace)
     summaries = {c.rank: c for c in trace.comparison}
@@ -67,48 +72,16 @@ def stragglers(evidence: EvidenceBundle) -> Iterator[Finding]:
         if r in summaries
     )
     named = ", ".join(map(str, trace.stragglers))
-    severity, message = (
-        Severity.MEDIUM,
-        f"straggler rank(s) {named}: the other ranks wait for them at every collective",
-    )
-    # Where the collectives are matched across ranks, read who waits for whom instead of
-    # assuming it: more GPU work does not make a rank late if its host launches it early. A
-    # rank counts as waited for when it starts at least half of the collectives last.
-    report = trace.collectives() if len(trace.ranks) > 1 else None
-    if report is not None and len(report.calls) >= 3:
-        waits = {w.rank: w for w in report.by_rank}
-        n = len(report.calls)
-        late = [r for r in trace.stragglers if r in waits and waits[r].last_arrivals * 2 >= n]
-        items += tuple(
-            Evidence(
-                f"rank {r} started last",
-                waits[r].last_arrivals,
-                f"of {len(report.calls)} matched collectives",
-                src,
-            )
-            for r in trace.stragglers
-            if r in waits
-        )
-        counts = ", ".join(str(waits[r].last_arrivals) for r in trace.stragglers if r in waits)
-        if late:
-            message = (
-                f"straggler rank(s) {named}: the other ranks wait for them (they start "
-                f"{counts} of {n} collectives last)"
-            )
-        else:
-            severity = Severity.LOW
-            message = (
-                f"rank(s) {named} run more GPU work than the median rank, but the matched "
-                f"collectives show the others seldom wait for them (they start {counts} of {n} "
-                "last; comm.late_rank names the rank that does)"
-            )
     yield Finding(
         "steps.stragglers",
-        severity,
+        Severity.MEDIUM,
         CATEGORY,
-        message,
+        f"straggler rank(s) {named}: they run more GPU work than the median rank, so in a "
+        "synchronous job the others wait for them (too few matched collectives to read who "
+        "arrives late)",
         items,
-        threshold="the trace analysis' straggler test over per-rank GPU work",
+        threshold="the trace analysis' straggler test over per-rank GPU work (used when fewer "
+        "than 3 collectives match across the ranks)",
         instruction="compare those ranks' kernels and input sizes with the others', and check "
         "their GPUs with gpudiag inspect (clocks, PCIe, temperature)",
     )

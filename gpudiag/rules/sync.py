@@ -81,39 +81,55 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     if not trace.has_gpu_events:
         yield from _host_conversions_on_cpu(trace)
         return
-    syncs = _not_the_optimizers(trace.syncs())
-    if not syncs:
-        return
-    steps = {s.number: s.duration_us for s in trace.steps()}
-    in_step = [s for s in syncs if s.step is not None] if steps else list(syncs)
-    in_step = _outermost(in_step)
+    # Each rank's waits against its own steps (its own clock): pooled over the ranks, the
+    # waits and the step time are both summed, so a share stays a share of step time.
+    in_step: list[Any] = []
+    window_us = idle_us = 0.0
+    n_steps = 0
+    for r in trace.ranks:
+        syncs = _not_the_optimizers(r.syncs)
+        steps = {st.number: st.duration_us for st in r.steps}
+        mine = [x for x in syncs if x.step is not None] if steps else list(syncs)
+        mine = _outermost(mine)
+        if not mine:
+            continue
+        in_step += mine
+        idle_us += gpu_idle_after_syncs(mine)
+        n_steps += max(1, len(steps))
+        window_us += (
+            sum(steps.values()) if steps else float(r.breakdown.span_us if r.breakdown else 0.0)
+        )
     if not in_step:
         return
-    window_us = sum(steps.values()) if steps else float(trace.time_breakdown().get("span_us") or 0)
     # Group by call site and by the operator the wait happened in (the user-visible cause).
     groups: dict[tuple[str | None, str], list[float]] = {}
-    for s in in_step:
-        groups.setdefault((s.call_site, s.inside_op or s.name), []).append(s.duration_us)
+    for x in in_step:
+        groups.setdefault((x.call_site, x.inside_op or x.name), []).append(x.duration_us)
     ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
-    wait_us = sum(s.duration_us for s in in_step)
+    wait_us = sum(x.duration_us for x in in_step)
     wait_share = wait_us / window_us if window_us > 0 else 0.0
-    idle_us = gpu_idle_after_syncs(in_step)
     share = idle_us / window_us if window_us > 0 else 0.0
     (site, op), _durations = ranked[0]
     cause = _CAUSE.get(op, f"`{op}`")
     where = f" at {site}" if site else ""
-    n_steps = max(1, len(steps))
     src = trace_source(trace)
+    ranks = len(trace.ranks)
+    summed = f" ({ranks} ranks summed)" if ranks > 1 else ""
+    pooled = f" ({ranks} ranks pooled)" if ranks > 1 else ""
     items = [
-        Evidence("GPU idle left by the waits", round(idle_us / 1e3, 3), "ms", src),
-        Evidence("share of step time", round(100 * share, 2), "%", src),
-        Evidence("host waits in the step", round(wait_us / 1e3, 2), "ms", src),
-        Evidence("host waits, share of step time", round(100 * wait_share, 2), "%", src),
-        Evidence("syncs per step", round(len(in_step) / n_steps, 1), source=src),
+        Evidence(f"GPU idle left by the waits{summed}", round(idle_us / 1e3, 3), "ms", src),
+        Evidence(f"share of step time{pooled}", round(100 * share, 2), "%", src),
+        Evidence(f"host waits in the step{summed}", round(wait_us / 1e3, 2), "ms", src),
+        Evidence(f"host waits, share of step time{pooled}", round(100 * wait_share, 2), "%", src),
+        Evidence(
+            "syncs per step" + (" and rank" if ranks > 1 else ""),
+            round(len(in_step) / n_steps, 1),
+            source=src,
+        ),
     ]
     items += [
         Evidence(
-            f"{s or 'call site not recorded'}: {o}",
+            f"{s or 'call site not recorded'}: {o}{summed}",
             round(sum(d) / 1e3, 2),
             f"ms in {len(d)} calls",
             src,
@@ -127,7 +143,8 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         "sync.host_sync_in_step",
         severity,
         CATEGORY,
-        f"the host waits for the GPU {len(in_step) / n_steps:.0f}x per step, mostly in {cause}"
+        f"the host waits for the GPU {len(in_step) / n_steps:.0f}x per step"
+        f"{' on each rank' if ranks > 1 else ''}, mostly in {cause}"
         f"{where}: the GPU sits idle {share:.1%} of the step after the waits",
         tuple(items),
         threshold="a host synchronisation inside a profiled step; severity by the GPU idle "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -20,7 +21,7 @@ from gpudiag.analysis.trace.breakdown import (
     stream_idle,
     temporal,
 )
-from gpudiag.analysis.trace.collectives import rank_collectives
+from gpudiag.analysis.trace.collectives import MIN_MATCHED_CALLS, rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
@@ -312,12 +313,25 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
         for r in reports
         if r.breakdown is not None
     )
-    return TraceReport(
+    report = TraceReport(
         ranks=tuple(reports),
         comparison=summaries,
         stragglers=stragglers(summaries),
         missing_ranks=missing,
         notes=tuple(notes),
+    )
+    if len(reports) < 2:
+        return report
+    # Who the others wait for is read from when each rank arrives at the matched collectives;
+    # GPU work is the fallback: a rank that waits longer can show more GPU time without
+    # holding anyone up.
+    matched = report.collectives()
+    if len(matched.calls) < MIN_MATCHED_CALLS:
+        return report
+    return dataclasses.replace(
+        report,
+        stragglers=tuple(sorted(w.rank for w in matched.stragglers)),
+        straggler_basis="collective arrivals",
     )
 
 

@@ -41,6 +41,14 @@ from gpudiag.analysis.trace.model import (
     fields_json,
 )
 
+# Ranks that start a call within this share of its skew of the last start arrived late
+# together: the others waited for all of them, not for the very last alone.
+TOGETHER_SHARE = 0.10
+# A rank the others wait for (a straggler): it is among the late ranks of calls that hold
+# the others at least this share of all the holding.
+STRAGGLER_HOLD_SHARE = 0.5
+# Fewer matched calls than this say too little about who is late.
+MIN_MATCHED_CALLS = 3
 # Larger than any GPU memory: a size beyond it is a corrupt field, not a message.
 MAX_MESSAGE_BYTES = 1 << 50
 # Bytes per element of Kineto's "Input type" spellings (lower-cased) for collective messages.
@@ -315,6 +323,28 @@ class CollectiveStats:
     def skew_us(self) -> float:
         return max(self.starts_us.values()) - min(self.starts_us.values())
 
+    @property
+    def late_ranks(self) -> tuple[int, ...]:
+        """The ranks the others waited for: the last to start and every rank that started
+        within ``TOGETHER_SHARE`` of the skew before it (late together); () without skew."""
+        skew = self.skew_us
+        if skew <= 0:
+            return ()
+        last = max(self.starts_us.values())
+        return tuple(
+            sorted(r for r, s in self.starts_us.items() if last - s <= TOGETHER_SHARE * skew)
+        )
+
+    @property
+    def hold_us(self) -> float:
+        """How long the late ranks held the others: the last start minus the median start of
+        the ranks that were not late (0 without skew)."""
+        late = set(self.late_ranks)
+        others = [s for r, s in self.starts_us.items() if r not in late]
+        if not late or not others:
+            return 0.0
+        return max(self.starts_us.values()) - statistics.median(others)
+
     def wait_us(self, rank: int) -> float:
         """Time ``rank`` spent in the call before the last rank arrived."""
         return max(self.starts_us.values()) - self.starts_us[rank]
@@ -369,6 +399,8 @@ class CollectiveStats:
                 "starts_us": {str(r): v for r, v in self.starts_us.items()},
                 "ends_us": {str(r): v for r, v in self.ends_us.items()},
                 "last_rank": self.last_rank,
+                "late_ranks": list(self.late_ranks),
+                "hold_us": self.hold_us,
                 "skew_us": self.skew_us,
                 "duration_us": self.duration_us,
                 "transfer_us": self.transfer_us,
@@ -407,6 +439,8 @@ class RankWait:
     wait_us: float
     last_arrivals: int
     lateness_us: float  # when last: its start minus the median start of the others, summed
+    late_calls: int = 0  # calls where it is among the late ranks (``late_ranks``)
+    held_us: float = 0.0  # the ``hold_us`` of those calls, summed (shared with its late peers)
 
     @property
     def wait_share(self) -> float | None:
@@ -441,9 +475,27 @@ class CollectiveReport:
         top = max(self.by_rank, key=lambda r: (r.lateness_us, r.last_arrivals))
         return top if top.last_arrivals else None
 
+    @property
+    def total_hold_us(self) -> float:
+        """The time late ranks held the others, over every matched call."""
+        return sum(c.hold_us for c in self.calls)
+
+    @property
+    def stragglers(self) -> tuple[RankWait, ...]:
+        """The ranks the others wait for: among the late ranks of calls that hold the others
+        ``STRAGGLER_HOLD_SHARE`` or more of all the holding, over ``MIN_MATCHED_CALLS`` or more
+        matched calls; most holding first. () when the arrivals name no such rank."""
+        total = self.total_hold_us
+        if len(self.ranks) < 2 or len(self.calls) < MIN_MATCHED_CALLS or total <= 0:
+            return ()
+        found = [w for w in self.by_rank if w.held_us >= STRAGGLER_HOLD_SHARE * total]
+        return tuple(sorted(found, key=lambda w: (-w.held_us, w.rank)))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranks": list(self.ranks),
+            "stragglers": [w.rank for w in self.stragglers],
+            "total_hold_us": self.total_hold_us,
             "world_size": self.world_size,
             "by_op": [s.to_dict() for s in self.by_op],
             "by_rank": [r.to_dict() for r in self.by_rank],
@@ -478,6 +530,8 @@ class CollectiveReport:
                 f"{r.wait_us / 1000:.2f}",
                 "N/A" if r.wait_share is None else f"{r.wait_share:.0%}",
                 str(r.last_arrivals),
+                str(r.late_calls),
+                f"{r.held_us / 1000:.2f}",
             )
             for r in self.by_rank
         ]
@@ -492,7 +546,16 @@ class CollectiveReport:
         "max skew",
         "algo",
     )
-    _RANK_HEAD = ("rank", "calls", "ms in calls", "ms waiting", "wait share", "last")
+    _RANK_HEAD = (
+        "rank",
+        "calls",
+        "ms in calls",
+        "ms waiting",
+        "wait share",
+        "last",
+        "late",
+        "ms holding others",
+    )
 
     def __repr__(self) -> str:
         lines = [
@@ -505,11 +568,14 @@ class CollectiveReport:
         if len(self.ranks) > 1:
             lines.append("  " + " | ".join(self._RANK_HEAD))
             lines += ["  " + " | ".join(row) for row in self._rank_rows()]
-        late = self.waited_for
-        if late is not None:
+        late = self.stragglers
+        if late:
+            named = ", ".join(str(r) for r in sorted(w.rank for w in late))
             lines.append(
-                f"  rank {late.rank} arrived last at {late.last_arrivals} of {len(self.calls)} "
-                f"calls, {late.lateness_us / 1000:.2f} ms after the others in all"
+                f"  the others wait for rank(s) {named}: late in calls that hold them "
+                f"{max(w.held_us for w in late) / 1000:.2f} of "
+                f"{self.total_hold_us / 1000:.2f} ms ('late': last to start, or within "
+                f"{TOGETHER_SHARE:.0%} of the call's skew of the last)"
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -664,6 +730,7 @@ def _waits(calls: Sequence[CollectiveStats], ranks: Sequence[int]) -> tuple[Rank
             c.starts_us[r] - statistics.median(v for q, v in c.starts_us.items() if q != r)
             for c in last
         )
+        late = [c for c in mine if r in c.late_ranks]
         out.append(
             RankWait(
                 rank=r,
@@ -672,6 +739,8 @@ def _waits(calls: Sequence[CollectiveStats], ranks: Sequence[int]) -> tuple[Rank
                 wait_us=sum(c.wait_us(r) for c in mine),
                 last_arrivals=len(last),
                 lateness_us=lateness,
+                late_calls=len(late),
+                held_us=sum(c.hold_us for c in late),
             )
         )
     return tuple(out)

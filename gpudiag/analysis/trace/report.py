@@ -202,6 +202,10 @@ class TraceReport:
     stragglers: tuple[int, ...]
     missing_ranks: tuple[int, ...]
     notes: tuple[str, ...]
+    # What ``stragglers`` was read from: "collective arrivals" (the ranks the others wait for
+    # in the matched collectives) or "gpu work" (more GPU work than the median rank, when too
+    # few collectives match to read arrivals).
+    straggler_basis: str = "gpu work"
 
     # -- selection -------------------------------------------------------------------
     def rank(self, rank: int | None = None) -> RankReport:
@@ -399,6 +403,7 @@ class TraceReport:
             },
             "comparison": [c.to_dict() for c in self.comparison],
             "stragglers": list(self.stragglers),
+            "straggler_basis": self.straggler_basis,
             "missing_ranks": list(self.missing_ranks),
             "notes": list(self.notes),
         }
@@ -414,8 +419,18 @@ class TraceReport:
         b = self.time_breakdown()
         rows: list[tuple[str, str]] = []
         span = b["span_us"]
+        n = len(self.ranks)
         if span:
-            rows.append(("GPU span", _ms(span)))
+            if n > 1:
+                spans = sorted(r.breakdown.span_us for r in self.ranks if r.breakdown is not None)
+                rows.append(
+                    (
+                        f"GPU span, {n} ranks summed (times below too)",
+                        f"{_ms(span)} (per rank {_ms(spans[0])} - {_ms(spans[-1])})",
+                    )
+                )
+            else:
+                rows.append(("GPU span", _ms(span)))
             for key, label in (
                 ("compute_us", "compute"),
                 ("communication_us", "communication, no compute alongside (exposed)"),
@@ -451,7 +466,8 @@ class TraceReport:
         first = self.ranks[0]
         if first.launches and first.launches.launch_bound is not None:
             verdict = "yes" if first.launches.launch_bound else "no"
-            rows.append(("launch-bound", f"{verdict}: {first.launches.reason}"))
+            label = "launch-bound" if n == 1 else f"launch-bound, rank {first.rank}"
+            rows.append((label, f"{verdict}: {first.launches.reason}"))
         n_sync = sum(len(r.syncs) for r in self.ranks)
         if n_sync:
             rows.append(("sync points", str(n_sync)))
@@ -532,6 +548,9 @@ class TraceReport:
                 f"    {_ms(o.total_us):>11}  x{o.count:<6} {o.name}" for o in self.top_cpu_ops(5)
             ]
         if self.stragglers:
-            lines.append(f"  stragglers: ranks {', '.join(map(str, self.stragglers))}")
+            lines.append(
+                f"  stragglers: ranks {', '.join(map(str, self.stragglers))} "
+                f"(by {self.straggler_basis})"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
