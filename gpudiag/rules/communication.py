@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, Severity
+from gpudiag.rules.finding import Evidence, Finding, severity_for_gain
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.collectives import CollectiveReport
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 CATEGORY = "communication"
 
 COMM_SHARE = 0.10  # torch-tb-profiler: "communication > 10 % of the step"
-# Severity by the exposed (not overlapped) communication, as a share of the span; below the
-# medium line the collectives are hidden well enough not to report.
-EXPOSED_HIGH = 0.20
+# The exposed (not overlapped) communication, as a share of the span, is the estimated gain
+# and sets the severity (severity_for_gain); below this line the collectives are hidden well
+# enough not to report.
 EXPOSED_MEDIUM = 0.05
 
 
@@ -71,7 +71,7 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
     world = trace.ranks[0].world_size
     yield Finding(
         "comm.exposed",
-        Severity.HIGH if exposed >= EXPOSED_HIGH else Severity.MEDIUM,
+        severity_for_gain(exposed),
         CATEGORY,
         f"communication kernels run {total:.1%} of the GPU's time{scope} and "
         f"{(overlap or 0.0):.0%} of that overlaps compute: for {exposed:.1%} of the time the "
@@ -84,7 +84,8 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
             Evidence("world size", world, source=src),
         ),
         threshold=f"communication > {COMM_SHARE:.0%} of span and exposed communication >= "
-        f"{EXPOSED_MEDIUM:.0%} of span (high from {EXPOSED_HIGH:.0%})",
+        f"{EXPOSED_MEDIUM:.0%} of span; severity by the exposed share, its estimated gain "
+        "(high from 10 %)",
         instruction="let DDP overlap gradient all-reduce with backward (bucket_cap_mb, "
         "gradient_as_bucket_view, no extra syncs in backward); with FSDP, prefetch the next "
         "all-gather (forward_prefetch / backward_prefetch); check the interconnect with "
@@ -97,7 +98,6 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
 # TraceReport.collectives() (start skew, wait per rank), not from GPU work.
 LATE_SHARE = 0.5  # its lateness is at least half of all ranks' lateness
 MIN_CALLS = 3
-LATE_HIGH = 0.20  # its lateness as a share of the median rank's span
 LATE_MEDIUM = 0.05
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
@@ -183,7 +183,7 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
     items += [Evidence("note", n, source=src) for n in report.notes[:2]]
     yield Finding(
         "comm.late_rank",
-        Severity.HIGH if share >= LATE_HIGH else Severity.MEDIUM,
+        severity_for_gain(min(share, 1.0)),
         CATEGORY,
         f"rank {late.rank} starts {late.last_arrivals} of {len(report.calls)} collectives last, "
         f"{late.lateness_us / 1000:.1f} ms in all after the others: they wait for it inside "
@@ -191,7 +191,7 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         tuple(items),
         threshold=f"one rank holds >= {LATE_SHARE:.0%} of the lateness over >= {MIN_CALLS} "
         f"matched collectives, late by >= {LATE_MEDIUM:.0%} of the median rank's profiled time "
-        f"(high from {LATE_HIGH:.0%})",
+        "(severity by that share, its estimated gain: high from 10 %)",
         instruction=f"look at what rank {late.rank} does before its collectives (its trace's "
         "CPU operators and DataLoader waits, its host's load, CPU pinning and clocks with "
         "gpudiag inspect); even out the work per rank (data sharding, uneven embedding "
