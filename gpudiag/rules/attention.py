@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
+from gpudiag.rules.finding import Evidence, Finding, FixRef, severity_for_gain
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
@@ -45,7 +45,7 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
     gain = share * _FUSED_SAVING
     yield Finding(
         "attention.sdpa_math_fallback",
-        min(Severity.MEDIUM, severity_for_gain(gain), key=lambda s: s.rank),
+        severity_for_gain(gain),
         CATEGORY,
         f"scaled_dot_product_attention runs its math backend ({math[0].count} calls): no fused "
         "kernel was chosen (dtype, mask, head size or dropout ruled them out)",

@@ -21,7 +21,7 @@ from gpudiag.analysis.trace.collectives import (
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, Severity
+from gpudiag.rules.finding import Evidence, Finding, severity_for_gain
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.collectives import CollectiveReport, CollectiveStats
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 CATEGORY = "communication"
 
 COMM_SHARE = 0.10  # torch-tb-profiler: "communication > 10 % of the step"
-# Severity by the exposed (not overlapped) communication, as a share of the span; below the
-# medium line the collectives are hidden well enough not to report.
-EXPOSED_HIGH = 0.20
+# The exposed (not overlapped) communication, as a share of the span, is the estimated gain
+# and sets the severity (severity_for_gain); below this line the collectives are hidden well
+# enough not to report.
 EXPOSED_MEDIUM = 0.05
 
 
@@ -176,22 +176,15 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
                 "most of it is waiting: make the late ranks start on time first"
                 f"{who}; then {instruction}"
             )
-    severity = (
-        Severity.HIGH
-        if gain >= EXPOSED_HIGH
-        else Severity.MEDIUM
-        if gain >= EXPOSED_MEDIUM
-        else Severity.LOW
-    )
     yield Finding(
         "comm.exposed",
-        severity,
+        severity_for_gain(gain),
         CATEGORY,
         message,
         tuple(items),
         threshold=f"communication > {COMM_SHARE:.0%} of span and exposed communication >= "
-        f"{EXPOSED_MEDIUM:.0%} of span; severity by the exposed time that is not waiting for "
-        f"late ranks (high from {EXPOSED_HIGH:.0%})",
+        f"{EXPOSED_MEDIUM:.0%} of span; severity by its estimated gain, the exposed time that "
+        "is not waiting for late ranks (high from 10 %)",
         instruction=instruction,
         estimated_gain=gain,
     )
@@ -199,8 +192,6 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
 
 # The ranks the others wait for, read from the matched calls of TraceReport.collectives()
 # (who starts each call late, and for how long the others wait), not from GPU work.
-LATE_HIGH = 0.20  # the time they hold the others, as a share of the median rank's span
-LATE_MEDIUM = 0.05
 LATE_LOW = 0.01
 WORK_MARGIN = 0.05  # GPU work within 5 % of the median: the delay is not on its GPU
 
@@ -328,16 +319,9 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         items.append(work_item)
     items += [Evidence("note", note, source=src) for note in report.notes[:2]]
     counts = ", ".join(str(w.late_calls) for w in sorted(late, key=lambda w: w.rank))
-    severity = (
-        Severity.HIGH
-        if share >= LATE_HIGH
-        else Severity.MEDIUM
-        if share >= LATE_MEDIUM
-        else Severity.LOW
-    )
     yield Finding(
         "comm.late_rank",
-        severity,
+        severity_for_gain(min(share, 1.0)),
         CATEGORY,
         f"the other ranks wait inside the collectives for {_ranks_text(named)}: the calls they "
         f"start late hold the others {held / 1000:.1f} ms ({share:.0%} of the median rank's "
@@ -348,9 +332,8 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         threshold=f"over >= {MIN_MATCHED_CALLS} matched collectives, the ranks late (last to "
         f"start, or within {TOGETHER_SHARE:.0%} of the call's skew of the last) in calls that "
         f"hold the others >= {STRAGGLER_HOLD_SHARE:.0%} of all the holding (hold: last start "
-        "minus the median start of the ranks not late); severity by that time over the median "
-        f"rank's profiled time (low from {LATE_LOW:.0%}, medium {LATE_MEDIUM:.0%}, high "
-        f"{LATE_HIGH:.0%})",
+        f"minus the median start of the ranks not late), >= {LATE_LOW:.0%} of the median rank's "
+        "profiled time; severity by that share, its estimated gain (high from 10 %)",
         instruction=f"look at what {_ranks_text(named)} "
         + (
             "does before its collectives (its trace's CPU operators and DataLoader waits, its "

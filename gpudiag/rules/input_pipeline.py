@@ -6,7 +6,13 @@ from collections.abc import Iterator
 
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+from gpudiag.rules.finding import (
+    Evidence,
+    Finding,
+    FixRef,
+    NotEvaluated,
+    severity_for_gain,
+)
 
 CATEGORY = "input pipeline"
 
@@ -50,7 +56,7 @@ def dataloader_wait(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated
         ]
     yield Finding(
         "input.dataloader_bound",
-        Severity.HIGH if share >= 0.20 else Severity.MEDIUM,
+        severity_for_gain(share),
         CATEGORY,
         f"the step waits on the DataLoader {share:.0%} of its time: the device starves for input",
         tuple(items),

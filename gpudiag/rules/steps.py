@@ -136,9 +136,9 @@ def per_step_overhead(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluat
             ),
             *busy,
         ),
-        threshold=f"fixed share of the step >= {FIXED_SHARE:.0%} in every round (high >= "
-        f"{FIXED_SHARE_HIGH:.0%} at the medians; low when CPU timings were taken on a busy "
-        "host), from the line through the step times at two batch sizes",
+        threshold=f"fixed share of the step >= {FIXED_SHARE:.0%} in every round, from the line "
+        "through the step times at two batch sizes; severity by the estimated gain (high from "
+        "10 %), low without one when CPU timings were taken on a busy host",
         fix=FixRef("batch.size", {"micro_batch": big}),
         instruction=f"raise the micro-batch towards {big} (it ran here); to keep the "
         "optimisation unchanged keep the global batch (fewer accumulation steps) or retune the "

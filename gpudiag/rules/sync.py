@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
+from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
@@ -28,6 +28,9 @@ _CAUSE = {
     "aten::masked_select": "a data-dependent shape (boolean-mask indexing)",
     "cudaDeviceSynchronize": "`torch.cuda.synchronize()`",
     "cudaEventSynchronize": "`event.synchronize()` / timing with CUDA events",
+    "hipDeviceSynchronize": "`torch.cuda.synchronize()`",
+    "hipEventSynchronize": "`event.synchronize()` / timing with CUDA events",
+    "hipMemcpyWithStream": "a blocking copy to/from the host (`.item()`, `.cpu()`, `.to(device)`)",
 }
 
 
@@ -110,12 +113,17 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     wait_share = wait_us / window_us if window_us > 0 else 0.0
     share = idle_us / window_us if window_us > 0 else 0.0
     (site, op), _durations = ranked[0]
-    cause = _CAUSE.get(op, f"`{op}`")
+    top = [s for s in in_step if (s.call_site, s.inside_op or s.name) == (site, op)]
+    copies = [s for s in top if s.copy]
+    cause = _copy_cause(copies, op) if copies else _CAUSE.get(op, f"`{op}`")
     where = f" at {site}" if site else ""
     src = trace_source(trace)
     ranks = len(trace.ranks)
     summed = f" ({ranks} ranks summed)" if ranks > 1 else ""
     pooled = f" ({ranks} ranks pooled)" if ranks > 1 else ""
+    timed = [s for s in in_step if s.gpu_busy_us is not None]
+    timed_us = sum(s.duration_us for s in timed)
+    busy_share = sum(s.gpu_busy_us or 0.0 for s in timed) / timed_us if timed_us > 0 else None
     items = [
         Evidence(f"GPU idle left by the waits{summed}", round(idle_us / 1e3, 3), "ms", src),
         Evidence(f"share of step time{pooled}", round(100 * share, 2), "%", src),
@@ -127,6 +135,23 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
             source=src,
         ),
     ]
+    if busy_share is not None:
+        items.append(
+            Evidence(
+                "GPU busy with earlier work during the waits", round(100 * busy_share, 1), "%", src
+            )
+        )
+    if copies:
+        longest = max(copies, key=lambda c: c.duration_us)
+        items.append(
+            Evidence(
+                f"longest blocking copy ({longest.copy})",
+                round(longest.duration_us / 1e3, 2),
+                f"ms on the host for {_bytes(longest.copy_bytes)} that took "
+                f"{longest.copy_gpu_us or 0:.0f} us on the GPU",
+                src,
+            )
+        )
     items += [
         Evidence(
             f"{s or 'call site not recorded'}: {o}{summed}",
@@ -136,24 +161,56 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
         for (s, o), d in ranked[:3]
     ]
-    severity = (
-        Severity.HIGH if share >= 0.15 else Severity.MEDIUM if share >= 0.05 else Severity.LOW
+    during = (
+        f" (the GPU ran earlier work {busy_share:.0%} of that time)"
+        if busy_share is not None
+        else ""
     )
     yield Finding(
         "sync.host_sync_in_step",
-        severity,
+        severity_for_gain(share),
         CATEGORY,
-        f"the host waits for the GPU {len(in_step) / n_steps:.0f}x per step"
-        f"{' on each rank' if ranks > 1 else ''}, mostly in {cause}"
-        f"{where}: the GPU sits idle {share:.1%} of the step after the waits",
+        f"the host blocks {len(in_step) / n_steps:.0f}x per step"
+        f"{' on each rank' if ranks > 1 else ''}, {wait_share:.1%} of the step{during}, mostly "
+        f"in {cause}{where}: the GPU sits idle {share:.1%} of the step after the waits",
         tuple(items),
-        threshold="a host synchronisation inside a profiled step; severity by the GPU idle "
-        "time the waits leave (low < 5 % of step time <= medium < 15 % <= high)",
+        threshold="a host synchronisation (a sync call, a copy that blocks on pageable host "
+        "memory, .item()) inside a profiled step; severity by the GPU idle time the waits "
+        "leave, its estimated gain (medium from 3 % of step time, high from 10 %)",
         fix=FixRef("sync.remove", {"call_site": site or op}),
-        instruction="keep values on the GPU (accumulate losses as tensors, log every N steps), "
-        "copy with non_blocking=True from pinned memory"
+        instruction=(
+            "copy to the host into pinned memory with non_blocking=True "
+            "(dst = torch.empty(..., pin_memory=True); dst.copy_(t, non_blocking=True); read "
+            "it after an event), or drop the .item()/.cpu()/.tolist() from the step"
+            if copies
+            else "keep values on the GPU (accumulate losses as tensors, log every N steps), "
+            "copy with non_blocking=True from pinned memory"
+        )
         + ("" if site else "; profile with with_stack=True to name the call site"),
         estimated_gain=share,
+    )
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "an unrecorded size"
+    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _copy_cause(copies: list[Any], op: str) -> str:
+    """The blocking copy in words, from the memcpy the trace recorded (its direction)."""
+    to_host = any("DtoH" in (c.copy or "") for c in copies)
+    if to_host:
+        return (
+            f"a device-to-host copy into pageable memory in `{op}` (`.cpu()`, `.tolist()`, "
+            "`.item()`, `.to('cpu')`): it returns only once the stream's earlier work is done"
+        )
+    return (
+        f"a host-to-device copy from pageable memory in `{op}` (`.to(device)` of an unpinned "
+        "tensor): it waits for the stream's earlier work"
     )
 
 

@@ -39,7 +39,12 @@ from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
 from gpudiag.analysis.trace.shapes import shaped_ops
 from gpudiag.analysis.trace.steps import dataloader_share, step_reports
-from gpudiag.analysis.trace.syncs import find_syncs, sync_sites
+from gpudiag.analysis.trace.syncs import (
+    SyncEvent,
+    find_syncs,
+    pageable_copy_calls,
+    sync_sites,
+)
 from gpudiag.analysis.trace.transfers import transfers
 from gpudiag.analysis.trace.window import analysis_window, find_steps, gpu_mask
 from gpudiag.errors import TraceError
@@ -146,7 +151,8 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
     step_list = step_reports(ev, steps, g_all, n_steps_in_window)
     busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
-    syncs = find_syncs(ev, nesting, steps, window.host, busy)
+    blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
+    syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
 
     if not has_gpu:
         notes.append(
@@ -220,7 +226,33 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         attention=attention,
         collectives=collectives,
         collective_notes=collective_notes,
+        idle_in_host_waits_us=_idle_in_waits(g_win, syncs) if win_rows.size else None,
     )
+
+
+def _idle_in_waits(g: GpuRows, syncs: Sequence[SyncEvent]) -> tuple[float, float]:
+    """GPU idle time (all streams) in the window's span that passed while the host sat in a
+    wait for the GPU (the union of the sync and blocking-copy calls), and the part of it in
+    gaps whose next GPU work was already launched (queued: the host was not what it lacked)."""
+    calls = [s for s in syncs if s.kind == "runtime"]
+    if not calls:
+        return 0.0, 0.0
+    lo, hi = float(g.starts.min()), float(g.ends.max())
+    ws, we = merge(
+        np.clip(np.array([s.start_us for s in calls]), lo, hi),
+        np.clip(np.array([s.start_us + s.duration_us for s in calls]), lo, hi),
+    )
+    ms, me = merge(g.starts, g.ends)
+    gap_lo, gap_hi = me[:-1], ms[1:]
+    order = np.argsort(g.starts, kind="stable")
+    first = order[np.searchsorted(g.starts[order], gap_hi, side="left")]
+    queued = g.launch_ts[first] <= gap_lo  # NaN (launch not recorded) is not queued
+    inside = inside_queued = 0.0
+    for a, b in zip(ws.tolist(), we.tolist(), strict=True):
+        part = np.clip(np.minimum(gap_hi, b) - np.maximum(gap_lo, a), 0.0, None)
+        inside += float(part.sum())
+        inside_queued += float(part[queued].sum())
+    return inside, inside_queued
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:

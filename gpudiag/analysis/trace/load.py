@@ -23,6 +23,7 @@ import numpy as np
 
 from gpudiag.analysis.costed_ops import COSTED_OPS
 from gpudiag.analysis.trace.model import (
+    ASYNC_COPY_RUNTIME_NAMES,
     COMM_ANNOTATION,
     IGNORED_CATEGORIES,
     KIND_OF_CATEGORY,
@@ -450,7 +451,11 @@ class _Columns:
         for i, a in enumerate(args):
             if a is not None and a.call_stack:
                 name = xs[i].name
-                if name in SYNC_RUNTIME_NAMES or name in SYNC_CONTEXT_OPS:
+                if (
+                    name in SYNC_RUNTIME_NAMES
+                    or name in SYNC_CONTEXT_OPS
+                    or name in ASYNC_COPY_RUNTIME_NAMES
+                ):
                     self.stacks[first_row + i] = a.call_stack
         costed, seen = COSTED_OPS, self._seen_inputs
         for i in [i for i, e in enumerate(xs) if e.name in costed or _is_comm(e.name)]:

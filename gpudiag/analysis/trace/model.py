@@ -228,7 +228,7 @@ class RankTrace:
     load_notes: tuple[str, ...] = ()  # what was wrong in the file and how it was read around
 
 
-# Host calls that block the CPU until the GPU catches up (CUDA runtime names).
+# Host calls that block the CPU until the GPU catches up (CUDA and HIP runtime names).
 SYNC_RUNTIME_NAMES: frozenset[str] = frozenset(
     {
         "cudaStreamSynchronize",
@@ -238,6 +238,34 @@ SYNC_RUNTIME_NAMES: frozenset[str] = frozenset(
         "cuStreamSynchronize",
         "cuCtxSynchronize",
         "cuEventSynchronize",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+        "hipCtxSynchronize",
+        "hipMemcpy",
+        # HIP's copy on a stream returns once the copy is done: PyTorch's blocking copies
+        # (``.item()``, ``.cpu()``) on ROCm.
+        "hipMemcpyWithStream",
+    }
+)
+# Asynchronous copy calls that still block the host when one side is pageable host memory:
+# "for transfers between device memory and pageable host memory, the function might be
+# synchronous with respect to host" (CUDA runtime API, "API synchronization behavior"); a
+# device-to-host copy into pageable memory returns only once the copy is done, so after every
+# earlier piece of work on its stream. The trace tells which ones did: the memcpy the call
+# launched (same correlation id) names a Pageable side, and the call's duration is the wait.
+ASYNC_COPY_RUNTIME_NAMES: frozenset[str] = frozenset(
+    {
+        "cudaMemcpyAsync",
+        "cudaMemcpy2DAsync",
+        "cudaMemcpy3DAsync",
+        "cuMemcpyAsync",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpyHtoDAsync_v2",
+        "hipMemcpyAsync",
+        "hipMemcpy2DAsync",
+        "hipMemcpyDtoHAsync",
+        "hipMemcpyHtoDAsync",
     }
 )
 # ATen operators that copy a GPU scalar to the host (``.item()``, ``bool(t)``, ``int(t)``).

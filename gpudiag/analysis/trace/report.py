@@ -88,6 +88,10 @@ class RankReport:
     # collective calls over the whole trace (not only the window), and what was left out
     collectives: tuple[CollectiveCall, ...] = ()
     collective_notes: tuple[str, ...] = ()
+    # GPU idle time in the window that passed while the host sat in a wait for the GPU (a
+    # sync call, a blocking copy), and the part of it whose next GPU work was already
+    # queued (the GPU waited on something else, not on the host). None: no GPU events.
+    idle_in_host_waits_us: tuple[float, float] | None = None
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -136,6 +140,7 @@ class RankReport:
             "sync_sites": [s.to_dict() for s in self.sync_sites],
             "steps": [s.to_dict() for s in self.steps],
             "dataloader_share": jsonable(self.dataloader_share),
+            "idle_in_host_waits_us": jsonable(self.idle_in_host_waits_us),
             "attention": self.attention.to_dict(),
             "notes": list(self.notes),
             "metadata": jsonable(
@@ -408,6 +413,32 @@ class TraceReport:
             "notes": list(self.notes),
         }
 
+    def _idle_in_host_waits(self) -> tuple[str, str] | None:
+        """The idle time that passed while the host sat blocked waiting for the GPU, the
+        wait that held most of it, and how much of it had the next work already queued."""
+        idle = sum((r.breakdown.idle_us for r in self.ranks if r.breakdown is not None), 0.0)
+        known = [r.idle_in_host_waits_us for r in self.ranks if r.idle_in_host_waits_us]
+        inside = sum(k[0] for k in known)
+        queued = sum(k[1] for k in known)
+        if idle <= 0 or inside < 0.01 * idle:
+            return None
+        by: dict[str, float] = {}
+        for r in self.ranks:
+            for sy in r.syncs:
+                if sy.kind != "runtime" or sy.gpu_busy_us is None:
+                    continue
+                what = sy.name + (f" ({sy.copy})" if sy.copy else "")
+                if sy.inside_op:
+                    what += f" in {sy.inside_op}"
+                by[what] = by.get(what, 0.0) + max(sy.duration_us - sy.gpu_busy_us, 0.0)
+        mostly = f", mostly {max(by, key=by.__getitem__)}" if by else ""
+        return (
+            "idle while the host sat blocked waiting for the GPU",
+            f"{_ms(inside)} ({_pct(inside / idle)} of idle{mostly}); "
+            f"{_pct(queued / inside)} of it with the next GPU work already queued (the GPU "
+            "was not short of work from the host then)",
+        )
+
     def _title(self) -> str:
         if len(self.ranks) == 1:
             r = self.ranks[0]
@@ -461,6 +492,9 @@ class TraceReport:
                         ),
                     )
                 )
+                blocked = self._idle_in_host_waits()
+                if blocked is not None:
+                    rows.append(blocked)
         rows.append(("tensor-core share of compute time", _pct(self.tensor_core_share)))
         rows.append(("DataLoader share of step time", _pct(self.dataloader_share)))
         first = self.ranks[0]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpudiag.analysis.trace.model import (
+    ASYNC_COPY_RUNTIME_NAMES,
     SYNC_OP_NAMES,
     SYNC_RUNTIME_NAMES,
     Events,
@@ -49,8 +51,8 @@ def _first_user_frame(frames: list[str]) -> str | None:
 class SyncEvent:
     """One point where the host waited for the GPU (or may have: ``.item()`` copies)."""
 
-    name: str  # cudaStreamSynchronize, aten::_local_scalar_dense, ...
-    kind: str  # "runtime" (a CUDA call) or "op" (an operator that copies to the host)
+    name: str  # cudaStreamSynchronize, cudaMemcpyAsync, aten::_local_scalar_dense, ...
+    kind: str  # "runtime" (a CUDA/HIP call) or "op" (an operator that copies to the host)
     start_us: float
     duration_us: float
     step: int | None  # ProfilerStep number
@@ -64,6 +66,14 @@ class SyncEvent:
     # The torch.optim optimizer whose ``step`` made the call ("AdamW"), from the
     # ``Optimizer.step#AdamW.step`` range torch records around every step; None outside one.
     optimizer: str | None = None
+    # A copy call that blocked because one side is pageable host memory: the memcpy it
+    # launched ("Memcpy DtoH (Device -> Pageable)"), its bytes and its own time on the GPU.
+    copy: str | None = None
+    copy_bytes: int | None = None
+    copy_gpu_us: float | None = None
+    # GPU time (all streams, merged) that ran during the wait: earlier work the host waited
+    # for. The rest of the wait the GPU sat idle. None on a CPU-only trace.
+    gpu_busy_us: float | None = None
 
     @property
     def gpu_gap_us(self) -> float:
@@ -167,23 +177,67 @@ def _gap_at(
     return max(float(ends[i]), start), float(starts[i + 1])
 
 
+def busy_within(busy: tuple[np.ndarray, np.ndarray] | None, start: float, end: float) -> float:
+    """GPU busy time inside ``[start, end)``, from merged (sorted, disjoint) busy intervals."""
+    if busy is None or busy[0].size == 0 or end <= start:
+        return 0.0
+    starts, ends = busy
+    lo = int(np.searchsorted(ends, start, side="right"))
+    hi = int(np.searchsorted(starts, end, side="left"))
+    if hi <= lo:
+        return 0.0
+    s = np.clip(starts[lo:hi], start, end)
+    e = np.clip(ends[lo:hi], start, end)
+    return float(np.sum(e - s))
+
+
+def pageable_copy_calls(
+    events: Events, gpu_rows: np.ndarray, launch_rows: np.ndarray
+) -> dict[int, int]:
+    """Asynchronous copy calls whose memcpy has a pageable host side: runtime row -> memcpy
+    row. ``launch_rows[i]`` is the runtime row that launched ``gpu_rows[i]`` (-1: none)."""
+    copy_ids = {i for i, n in enumerate(events.names) if n in ASYNC_COPY_RUNTIME_NAMES}
+    if not copy_ids:
+        return {}
+    pageable_ids = {
+        i for i, n in enumerate(events.names) if "Pageable" in n and n.startswith("Memcpy")
+    }
+    out: dict[int, int] = {}
+    for g, r in zip(gpu_rows.tolist(), launch_rows.tolist(), strict=True):
+        if (
+            r >= 0
+            and events.kind[g] == Kind.MEMCPY
+            and int(events.name[g]) in pageable_ids
+            and int(events.name[r]) in copy_ids
+        ):
+            out[r] = g
+    return out
+
+
 def find_syncs(
     events: Events,
     nesting: Nesting,
     steps: tuple[Step, ...],
     host_mask: np.ndarray,
     gpu_busy: tuple[np.ndarray, np.ndarray] | None = None,
+    blocking_copies: Mapping[int, int] | None = None,
 ) -> tuple[SyncEvent, ...]:
-    """Sync calls and host-copy operators in the window, in time order. ``gpu_busy``: the
-    merged busy intervals of the GPU (all streams), to find the idle gap each wait left."""
+    """Sync calls, blocking copy calls and host-copy operators in the window, in time order.
+    ``gpu_busy``: the merged busy intervals of the GPU (all streams), to find the idle gap
+    each wait left. ``blocking_copies``: copy calls that blocked on pageable memory (runtime
+    row -> the memcpy it launched, see ``pageable_copy_calls``)."""
+    copies = dict(blocking_copies or {})
     sync_name_ids = np.array(
         [i for i, n in enumerate(events.names) if n in SYNC_RUNTIME_NAMES or n in SYNC_OP_NAMES],
         dtype=np.int32,
     )
-    if sync_name_ids.size == 0:
+    if sync_name_ids.size == 0 and not copies:
         return ()
     kinds_ok = np.isin(events.kind, np.array([Kind.RUNTIME, Kind.CPU_OP], np.int8))
-    rows = np.flatnonzero(host_mask & kinds_ok & np.isin(events.name, sync_name_ids))
+    wanted = np.isin(events.name, sync_name_ids)
+    if copies:
+        wanted[np.fromiter(copies, dtype=np.int64, count=len(copies))] = True
+    rows = np.flatnonzero(host_mask & kinds_ok & wanted)
     rows = rows[np.argsort(events.ts[rows], kind="stable")]
     frames = _PythonFrames(events)
     optimizer_steps = _OptimizerSteps(events)
@@ -209,7 +263,14 @@ def find_syncs(
                     int(events.thread[row]), start, start + float(events.dur[row])
                 )
         s = int(step_idx[i])
-        gap = _gap_at(gpu_busy, float(events.ts[row]), float(events.ts[row] + events.dur[row]))
+        start, end = float(events.ts[row]), float(events.ts[row] + events.dur[row])
+        gap = _gap_at(gpu_busy, start, end)
+        copy = copies.get(row)
+        nbytes = (
+            int(events.launches.nbytes[events.extra[copy]])
+            if copy is not None and events.extra[copy] >= 0
+            else -1
+        )
         out.append(
             SyncEvent(
                 name=name,
@@ -226,6 +287,10 @@ def find_syncs(
                     float(events.ts[row]),
                     float(events.ts[row] + events.dur[row]),
                 ),
+                copy=events.names[events.name[copy]] if copy is not None else None,
+                copy_bytes=nbytes if nbytes >= 0 else None,
+                copy_gpu_us=float(events.dur[copy]) if copy is not None else None,
+                gpu_busy_us=busy_within(gpu_busy, start, end) if gpu_busy is not None else None,
             )
         )
     return tuple(out)

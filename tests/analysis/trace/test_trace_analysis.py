@@ -219,7 +219,11 @@ def test_sync_points_carry_python_call_sites(report_of: Report) -> None:
     report = report_of(RESNET_NW0)
     syncs = report.syncs()
     assert syncs
-    assert all(s.name == "cudaStreamSynchronize" for s in syncs)
+    # The stream syncs after each copy, and the pageable input copies that block on the stream.
+    assert {s.name for s in syncs} == {"cudaStreamSynchronize", "cudaMemcpyAsync"}
+    assert {s.copy for s in syncs if s.name == "cudaMemcpyAsync"} == {
+        "Memcpy HtoD (Pageable -> Device)"
+    }
     assert all(s.call_site and s.call_site.startswith("resnet50_profiler_api.py(") for s in syncs)
     assert {s.inside_op for s in syncs} == {"aten::copy_"}
     sites = report.sync_sites()
