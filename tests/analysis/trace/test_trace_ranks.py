@@ -147,14 +147,16 @@ def test_late_rank_on_the_8_rank_v100_job(traces_dir: Path) -> None:
     assert 0.05 < finding.estimated_gain < 1.0
 
 
-def test_late_rank_on_the_pair_of_128_is_low(traces_dir: Path) -> None:
-    # Rank 1 starts last at the 4 matched calls: 27 ms over a 607 ms step (4 %) is low.
+def test_late_rank_on_the_pair_of_128_is_medium(traces_dir: Path) -> None:
+    # Rank 1 starts last at the 4 matched calls: 27 ms over a 607 ms step, a 4.4 % gain,
+    # medium (from 3 %, as every finding's severity follows its gain).
     report = _report(traces_dir, "hta-trace_filter-2of128-ranks")
     assert report.stragglers == (1,)
     assert report.straggler_basis == "collective arrivals"
     diagnosis = run_rules(EvidenceBundle(trace=report, env={}), only=["comm.late_rank"])
     (finding,) = diagnosis.findings
-    assert finding.severity.value == "low"
+    assert finding.estimated_gain == pytest.approx(0.044, abs=0.002)
+    assert finding.severity.value == "medium"
     assert finding.message.startswith("the other ranks wait inside the collectives for rank 1:")
 
 
