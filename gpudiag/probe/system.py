@@ -131,6 +131,10 @@ class SystemReport:
         h = self.host
         t = h.torch
         out = [f"gpudiag inspect: {self.header()}"]
+        if self.is_recording and not (h.cpu_model.ok or h.logical_cores.ok or t.version.ok):
+            out.append("Host     not in the recording (nvidia-smi output holds only the GPUs)")
+            out.extend(self._device_lines())
+            return out
         cores = f"{h.logical_cores.get('?')} logical cores"
         if h.numa_nodes.ok:
             cores += f", {h.numa_nodes.value} NUMA node{'s' if h.numa_nodes.value != 1 else ''}"
@@ -148,6 +152,11 @@ class SystemReport:
             )
         else:
             out.append(f"Torch    {t.version.display()}")
+        out.extend(self._device_lines())
+        return out
+
+    def _device_lines(self) -> list[str]:
+        out = []
         d = self.driver
         if d.driver_version.ok or self.gpus:
             out.append(
@@ -189,6 +198,10 @@ class SystemReport:
             ("memory", f"{_gib(h.memory_total_bytes)} ({_gib(h.memory_available_bytes)} free)"),
             ("ML CPU flags", " ".join(h.cpu_flags) or "none"),
             ("torch", f"{h.torch.version.display()} ({h.torch.build})"),
+        ]
+        if self.is_recording and not (h.cpu_model.ok or h.logical_cores.ok or h.torch.version.ok):
+            host_rows = [("host", "not in the recording (nvidia-smi output holds only the GPUs)")]
+        host_rows += [
             ("driver", self._driver_cell(self.driver.driver_version)),
             ("CUDA (driver)", self._driver_cell(self.driver.cuda_driver_version)),
         ]
@@ -301,10 +314,15 @@ def _gpu_lines(gpu: Gpu) -> list[str]:
         f"  memory {_memory(gpu)}   util {state.gpu_util_pct.display('%', '{:.0f}')}   "
         f"power {_power(gpu)}   temp {state.temperature_c.display('C', '{:.0f}')}"
     )
+    clocks = (state.sm_clock_mhz, info.max_sm_clock_mhz, state.memory_clock_mhz)
     lines.append(
-        f"  clocks SM {state.sm_clock_mhz.get('?')}/{info.max_sm_clock_mhz.get('?')} MHz, "
-        f"memory {state.memory_clock_mhz.get('?')}/{info.max_memory_clock_mhz.get('?')} MHz   "
-        f"PCIe {_pcie(info)}   {state.performance_state.get('')}"
+        (
+            f"  clocks SM {state.sm_clock_mhz.get('?')}/{info.max_sm_clock_mhz.get('?')} MHz, "
+            f"memory {state.memory_clock_mhz.get('?')}/{info.max_memory_clock_mhz.get('?')} MHz   "
+            if any(c.ok for c in clocks)
+            else f"  clocks {state.sm_clock_mhz.display()}   "
+        )
+        + f"PCIe {_pcie(info)}   {state.performance_state.get('')}"
     )
     flags = _flags(gpu)
     if flags:
@@ -369,9 +387,14 @@ def inspect(
     notes: list[str] = []
     if host is None:
         recorded_host = getattr(backend, "host", None)
-        host = recorded_host if recorded_host is not None else probe_host()
-        if backend.is_recording and recorded_host is None:
-            notes.append("host facts are this machine's: the recording holds only the GPUs")
+        if recorded_host is not None:
+            host = recorded_host
+        elif backend.is_recording:
+            # nvidia-smi output holds only the GPUs; this machine's CPU and torch are not the
+            # recorded machine's, so they are not shown as if they were.
+            host = HostInfo()
+        else:
+            host = probe_host()
     count = backend.gpu_count()
     infos = tuple(enrich_from_specs(i) for i in backend.gpu_infos())
     states = backend.sample()

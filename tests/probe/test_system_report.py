@@ -109,3 +109,20 @@ def test_no_gpu_reason_is_said_once_in_html() -> None:
     html = report._repr_html_()
     assert html.count("NVML library not found") == 1
     assert "N/A: no GPU" in html
+
+
+def test_a_recording_without_host_facts_does_not_show_this_machines() -> None:
+    from gpudiag.probe.host import probe_host
+
+    here = probe_host()
+    report = inspect(replay=FIXTURES / "nvidia-smi-text" / "h200.nvidia-smi-q.txt")
+    text = repr(report)
+    assert "Host     not in the recording (nvidia-smi output holds only the GPUs)" in text
+    assert "Torch" not in text
+    assert here.cpu_model.get("unknown") not in text
+    assert "not in the recording" in report._repr_html_()
+    assert not report.host.logical_cores.ok
+    # A table recording has no clocks: one N/A with its reason, not "?/? MHz".
+    table = repr(inspect(replay=FIXTURES / "nvidia-smi-text" / "h200.nvidia-smi.txt"))
+    assert "?/?" not in table
+    assert "clocks N/A (not shown by the plain `nvidia-smi` table" in table
