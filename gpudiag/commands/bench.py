@@ -110,13 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _common(p)
     p = sub.add_parser("attention", help=BENCHMARKS["attention"])
-    p.add_argument("--seq-lens", nargs="+", type=int, default=None)
+    p.add_argument(
+        "--seq-lens",
+        nargs="+",
+        type=int,
+        default=None,
+        help="sequence lengths (default 1024 2048 4096 8192 on a GPU, 512 1024 2048 on a CPU)",
+    )
     p.add_argument(
         "--backends", nargs="+", default=None, help="flash efficient cudnn math flash_attn te"
     )
-    p.add_argument("--batch", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None, help="sequences per call")
+    p.add_argument("--heads", type=int, default=None, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=None, help="dimension per head")
     p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16")
     p.add_argument("--no-causal", action="store_true", help="full attention instead of causal")
     p.add_argument("--no-backward", action="store_true", help="forward only")

@@ -51,12 +51,18 @@ def add_protocol_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="time budget for the timed rounds (s)",
     )
-    parser.add_argument("--min-rounds", type=int, default=5)
-    parser.add_argument("--max-rounds", type=int, default=100)
+    parser.add_argument(
+        "--min-rounds", type=int, default=5, help="rounds before a verdict may stop (%(default)s)"
+    )
+    parser.add_argument(
+        "--max-rounds", type=int, default=100, help="rounds at most per arm (%(default)s)"
+    )
     parser.add_argument(
         "--fixed", action="store_true", help="no adaptive stopping: run exactly --max-rounds rounds"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the round order and the inputs (%(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--recipe", metavar="FILE", help="save the fixes that helped as a recipe (.yaml or .json)"

@@ -22,7 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workload", nargs="?", default=None, help="a demo workload: gpt, mlp, cnn (default gpt)"
     )
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="change the demo")
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="sequences (or samples) per step (default: 1 with --config, else the demo's)",
+    )
     parser.add_argument("--seq-len", type=int, default=None, help="with --config")
     parser.add_argument("--precision", default=None, help="fp32, bf16 or fp16")
     parser.add_argument("--optimizer", default=None, help="adamw, adam, sgd, sgd_momentum, ...")

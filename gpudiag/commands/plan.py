@@ -31,13 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     parser.add_argument("--gpu", default="H100 SXM5 80GB", help="a GPU the spec table knows")
     parser.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB")
-    parser.add_argument("--nodes", type=int, default=None)
-    parser.add_argument("--gpus-per-node", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="machines (default: one, or the recorded one's)"
+    )
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per machine (default up to 8)"
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)"
+    )
     parser.add_argument("--global-batch", type=int, default=None, help="sequences per step")
-    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument(
+        "--micro-batch", type=int, default=1, help="sequences per GPU per micro-step (%(default)s)"
+    )
     parser.add_argument("--topology", default=None, help="a recorded `nvidia-smi topo -m` file")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32 (%(default)s)")
     parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs use")
     parser.add_argument("--network-gbps", type=float, default=None, help="GB/s per GPU")
     parser.add_argument("--zero", default=None, help="ZeRO stages to consider, e.g. 0,1")
