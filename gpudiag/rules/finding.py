@@ -44,7 +44,10 @@ class Evidence:
     source: str = ""  # "nvml", "nvidia-smi xml", "trace: rank0.json", "environment", ...
 
     def __str__(self) -> str:
-        value = f"{self.value:.3g}" if isinstance(self.value, float) else str(self.value)
+        value = str(self.value)
+        if isinstance(self.value, float):
+            # Three significant digits, but never an exponent for a large figure (1.01e+05).
+            value = f"{self.value:,.0f}" if abs(self.value) >= 1e4 else f"{self.value:.3g}"
         unit = f" {self.unit}" if self.unit else ""
         source = f" [{self.source}]" if self.source else ""
         return f"{self.name} = {value}{unit}{source}"

@@ -330,3 +330,11 @@ def test_cli_doctor_without_a_workload_says_what_it_checked(
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("no workload or trace given: only the machine was checked")
     assert "--workload gpt" in first
+
+
+def test_evidence_prints_large_figures_without_an_exponent() -> None:
+    assert (
+        str(Evidence("memory used", 100846.2, "MiB", "nvml")) == "memory used = 100,846 MiB [nvml]"
+    )
+    assert str(Evidence("wait", 0.000123, "s")) == "wait = 0.000123 s"
+    assert str(Evidence("share", 56.634)) == "share = 56.6"
