@@ -583,11 +583,24 @@ def memory_full(evidence: EvidenceBundle) -> Iterator[Finding]:
         if used is None or used <= MEMORY_FULL:
             continue
         procs = gpu.state.processes.get(()) or ()
+        holders = sorted(procs, key=lambda p: -(p.used_memory_bytes.get(0) or 0))
+        named = ", ".join(
+            f"{_program(p.name)} (pid {p.pid}"
+            + (f", {gib(p.used_memory_bytes.get(0)):.1f} GiB)" if p.used_memory_bytes.ok else ")")
+            for p in holders[:3]
+        )
+        # Known holders, none of them a Python process: no PyTorch setting frees their memory.
+        foreign = bool(holders) and not any(_is_python(p.name) for p in holders)
+        message = (
+            f"{gpu_label(gpu)} memory is {used:.0%} used: little headroom before out-of-memory"
+        )
+        if foreign:
+            message += f"; it is held by {named}, not a Python process"
         yield Finding(
             "hw.memory_full",
             Severity.MEDIUM,
             "memory",
-            f"{gpu_label(gpu)} memory is {used:.0%} used: little headroom before out-of-memory",
+            message,
             (
                 Evidence(
                     "memory.used",
@@ -602,12 +615,35 @@ def memory_full(evidence: EvidenceBundle) -> Iterator[Finding]:
                     source_of(gpu.info.memory_total_bytes),
                 ),
                 Evidence("processes on the GPU", len(procs), source=source_of(gpu.state.processes)),
+                *(
+                    (Evidence("largest holders", named, source=source_of(gpu.state.processes)),)
+                    if named
+                    else ()
+                ),
             ),
             threshold="memory used > 90 % of total",
-            fix=FixRef("activation.checkpointing"),
-            instruction="or a smaller micro-batch with gradient accumulation (batch.size); "
-            "if another process holds the memory, free it first",
+            fix=None if foreign else FixRef("activation.checkpointing"),
+            instruction=(
+                "stop that process or run the job on another GPU: a training setting of yours "
+                "cannot free memory another program holds"
+                if foreign
+                else "or a smaller micro-batch with gradient accumulation (batch.size); if "
+                "another process holds the memory, free it first"
+            ),
         )
+
+
+# Process names of Python programs (nvidia-smi prints the executable; torch may rename its
+# main thread pt_main_thread).
+_PYTHON_NAMES = ("python", "pt_main_thread", "torchrun", "jupyter", "ipykernel", "ray::")
+
+
+def _is_python(name: str) -> bool:
+    return any(word in name.lower() for word in _PYTHON_NAMES)
+
+
+def _program(name: str) -> str:
+    return name.replace("\\", "/").rsplit("/", 1)[-1] or name
 
 
 MEMORY_HEADROOM = 0.50  # less than half the memory used ...

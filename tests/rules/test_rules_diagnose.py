@@ -85,7 +85,9 @@ def test_recommended_skips_info_and_duplicates(fixtures_dir: Path) -> None:
     diagnosis = run_rules(EvidenceBundle(system=system, env={}))
     fixes = [f.id for f in diagnosis.recommended()]
     assert fixes == sorted(set(fixes), key=fixes.index)
-    assert "activation.checkpointing" in fixes
+    assert "allocator.config" in fixes
+    # Its full GPU's memory is llama-server's: nothing in a training step frees it.
+    assert "activation.checkpointing" not in fixes
 
 
 def test_cli_diagnose_trace_json(fixtures_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
