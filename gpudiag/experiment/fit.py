@@ -56,6 +56,9 @@ class FitResult:
     estimate: MemoryEstimate
     whatifs: tuple[WhatIf, ...]
     notes: tuple[str, ...] = ()
+    # The largest batch the estimate says fits the budget (beyond the workload's own batch,
+    # which micro_batch never exceeds); None when the step's memory does not scale with it.
+    largest_batch: int | None = None
 
     @property
     def fix(self) -> Fix | None:
@@ -77,6 +80,7 @@ class FitResult:
                 "global_batch": self.global_batch,
                 "micro_batch": self.micro_batch,
                 "accumulation": self.accumulation,
+                "largest_batch": self.largest_batch,
                 "fix": None if self.fix is None else self.fix.to_dict(),
                 "confirmed": self.confirmed,
                 "measured_peak_bytes": self.measured_peak_bytes,
@@ -93,7 +97,12 @@ class FitResult:
         if self.micro_batch is None:
             return "not even one sample fits as is: see the what-if table"
         if self.accumulation == 1:
-            return f"the batch of {self.global_batch} fits as is"
+            room = (
+                f"; by the estimate up to {self.largest_batch} samples a step would fit"
+                if self.largest_batch and self.largest_batch > self.global_batch
+                else ""
+            )
+            return f"the batch of {self.global_batch} fits as is{room}"
         return (
             f"micro-batch {self.micro_batch} x {self.accumulation} accumulation steps keeps the "
             f"batch of {self.global_batch} (fix batch.size)"
@@ -197,6 +206,7 @@ def fit(
     global_batch = workload.batch_size
     est = estimate_memory(workload)
     largest = est.largest_batch(budget) if est.per_sample_bytes is not None else None
+    scalable = largest
     if largest is None:
         largest = global_batch if est.peak_bytes <= budget else 0
         notes.append("the workload's batch is fixed: no per-sample scaling")
@@ -312,4 +322,5 @@ def fit(
         estimate=est,
         whatifs=tuple(whatifs),
         notes=tuple(notes),
+        largest_batch=scalable,
     )

@@ -57,6 +57,17 @@ def test_whatif_rows_carry_fix_ids_and_say_what_fits(result: gd.FitResult) -> No
     assert "What fits" in result._repr_html_()
 
 
+def test_a_batch_that_fits_as_is_says_how_far_it_could_grow(result: gd.FitResult) -> None:
+    wl = workloads.get("gpt", seq_len=256, batch_size=2, d_model=64)
+    roomy = gd.fit(wl, memory_budget="20MiB", confirm=False)
+    assert roomy.accumulation == 1
+    assert roomy.largest_batch == roomy.estimate.largest_batch(20 * MIB) > 2
+    assert roomy.estimate.at_batch(roomy.largest_batch) <= 20 * MIB
+    assert f"up to {roomy.largest_batch} samples a step would fit" in repr(roomy)
+    assert result.largest_batch is not None
+    assert result.largest_batch < 8  # the fixture's batch of 8 does not fit
+
+
 def test_fit_errors() -> None:
     with pytest.raises(GpuDiagError):
         gd.fit(gd.Workload.from_step(lambda: None))
