@@ -177,9 +177,7 @@ class Diagnosis:
 
     def _not_evaluated_lines(self) -> list[str]:
         """The rules that could not run, one line per missing piece of evidence."""
-        by_missing: dict[str, list[str]] = {}
-        for n in self.not_evaluated:
-            by_missing.setdefault(n.missing, []).append(n.rule)
+        by_missing = group_not_evaluated(self.not_evaluated)
         if not by_missing:
             return []
         out = [f"  not evaluated ({len(self.not_evaluated)} rules), by what they lack:"]
@@ -203,11 +201,17 @@ class Diagnosis:
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))
 
 
-def not_evaluated_html(skipped: Iterable[NotEvaluated]) -> str:
-    """A folded list of the rules that could not run, grouped by what they lack."""
+def group_not_evaluated(skipped: Iterable[NotEvaluated]) -> dict[str, list[str]]:
+    """What the rules that could not run lack -> those rules, in the order they came."""
     by_missing: dict[str, list[str]] = {}
     for n in skipped:
         by_missing.setdefault(n.missing, []).append(n.rule)
+    return by_missing
+
+
+def not_evaluated_html(skipped: Iterable[NotEvaluated]) -> str:
+    """A folded list of the rules that could not run, grouped by what they lack."""
+    by_missing = group_not_evaluated(skipped)
     count = sum(len(rules) for rules in by_missing.values())
     items = "".join(
         f"<li>lacking {esc(missing)}: {esc(', '.join(rules))}</li>"
