@@ -38,8 +38,6 @@ kernels were not recognised - and 51 of the 642 names were unreadable):
 
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -47,23 +45,11 @@ from pathlib import Path
 from gpudiag.analysis.trace import analyze_trace
 from gpudiag.analysis.trace.kernel_classes import classify_kernel
 from gpudiag.analysis.trace.kernels import short_name
+from gpudiag.analysis.trace.load import kernel_names
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:5.1f}%"
-
-
-def _kernel_names(root: Path) -> set[str]:
-    names: set[str] = set()
-    for path in sorted(root.rglob("*.json.gz")):
-        with gzip.open(path, "rt") as fh:
-            doc = json.load(fh)
-        names.update(
-            e["name"]
-            for e in doc["traceEvents"]
-            if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"
-        )
-    return names
 
 
 def main(root: Path) -> None:
@@ -88,7 +74,7 @@ def main(root: Path) -> None:
             f"{path.name[:50]:50} {_pct(report.tensor_core_share):>7} {_pct(unknown):>7} "
             f"{_pct(comm):>7}  {top}"
         )
-    names = _kernel_names(root)
+    names = kernel_names(sorted(root.rglob("*.json.gz")))
     unknown_names = sum(classify_kernel(n).family == "unknown" for n in names)
     unreadable = sum(
         not (s := short_name(n)) or s.endswith("::") or s in ("at::native", "at::cuda")

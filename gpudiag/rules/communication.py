@@ -75,11 +75,8 @@ _OVERLAP_ADVICE = {
     "send_recv": "overlap the point-to-point sends/receives with compute (pipeline "
     "micro-batches) or batch them (batch_isend_irecv)",
 }
-_GENERIC_ADVICE = (
-    "let DDP overlap gradient all-reduce with backward (bucket_cap_mb, gradient_as_bucket_view, "
-    "no extra syncs in backward); with FSDP, prefetch the next all-gather (forward_prefetch / "
-    "backward_prefetch)"
-)
+# Without a recorded collective to go by: the data-parallel advice (DDP, then FSDP).
+_GENERIC_ADVICE = f"{_OVERLAP_ADVICE['all_reduce']}; {_OVERLAP_ADVICE['all_gather']}"
 ADVICE_SHARE = 0.25  # a collective with this share of the calls' time gets its advice
 WAITING_DOMINATES = 0.5  # waiting for late ranks is most of the communication time
 

@@ -14,7 +14,7 @@ import re
 import zlib
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -901,3 +901,13 @@ def load_trace(path: str | os.PathLike[str]) -> RankTrace:
         file_bytes=size,
         load_notes=load_notes + tuple(rank_notes),
     )
+
+
+def kernel_names(paths: Iterable[str | os.PathLike[str]]) -> set[str]:
+    """Every distinct GPU kernel name the trace files recorded, as written in them."""
+    names: set[str] = set()
+    for path in paths:
+        events, _, _ = read_events(path)
+        rows = np.unique(events.name[events.kind == _KERNEL])
+        names.update(events.names[int(i)] for i in rows if i >= 0)
+    return names

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpudiag.analysis.trace import TraceReport, analyze_trace
+from gpudiag.analysis.trace.load import kernel_names
 
 RESNET_NW0 = "kineto-resnet50_num_workers_0-worker0.1623143089861.pt.trace.json.gz"
 RESNET_NW4 = "kineto-resnet50_num_workers_4-worker0.1623213129365.pt.trace.json.gz"
@@ -161,13 +162,4 @@ def builder() -> TraceBuilder:
 @pytest.fixture(scope="session")
 def fixture_kernel_names(traces_dir: Path) -> set[str]:
     """Every distinct GPU kernel name in the recorded traces."""
-    names: set[str] = set()
-    for path in sorted(traces_dir.rglob("*.json.gz")):
-        with gzip.open(path, "rt") as fh:
-            doc = json.load(fh)
-        names.update(
-            e["name"]
-            for e in doc["traceEvents"]
-            if isinstance(e, dict) and str(e.get("cat", "")).lower() == "kernel"
-        )
-    return names
+    return kernel_names(sorted(traces_dir.rglob("*.json.gz")))
