@@ -511,6 +511,9 @@ class GpuSetBackend:
     label = "GPU set"
 
     def __init__(self) -> None:
+        # When the last read was taken, where the source says (Prometheus: the evaluation
+        # time); None: now.
+        self.sample_time: float | None = None
         self._gpus: tuple[ExporterGpu, ...] | None = None
         self._last: dict[GpuKey, ExporterGpu] = {}
         self._first: tuple[dict[GpuKey, ExporterGpu], Callable[[ExporterGpu], Reading[Any]]] | None
