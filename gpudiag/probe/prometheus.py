@@ -306,6 +306,7 @@ class PrometheusBackend(GpuSetBackend):
         self.query = tick_query(self.matchers, fields)
         self.lag_s = float(lag_s)
         self._clock = clock
+        self._placeholder = False  # no GPU found at start: a stand-in says why
         netloc = urllib.parse.urlsplit(self.url).netloc
         self.label = f"Prometheus {netloc}" + (f" {{{self.matchers}}}" if self.matchers else "")
 
@@ -347,6 +348,8 @@ class PrometheusBackend(GpuSetBackend):
         found = self._gpus_of(self.client.query(self.series_query, at))
         self.sample_time = at
         host = urllib.parse.urlsplit(self.url).netloc
+        if not found.ok or found.value is None or not found.value:
+            self._placeholder = True
         if not found.ok or found.value is None:
             reason = found.reason + " (restart the monitor once it answers)"
             return (placeholder_gpu(self.url, host, found.status, reason),), {}, self._stale(at)
@@ -372,6 +375,8 @@ class PrometheusBackend(GpuSetBackend):
         step: (time, states, counters). Shortened so that GPUs x fields x steps stays under
         the client's point cap."""
         gpus = self._discover()
+        if self._placeholder:
+            return ok([], SOURCE)
         end = self._clock() - self.lag_s
         width = max(1, len(gpus) * len(DCGM_FIELDS))
         steps = int(min(span_s / step_s, self.client.max_points // width, 11_000))
