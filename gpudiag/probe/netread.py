@@ -79,11 +79,13 @@ def http_get(
     conn_type = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     conn = conn_type(host, port, timeout=timeout_s)
     expired = threading.Event()
+    # The connected socket, kept here: http.client drops conn.sock once a response that
+    # closes the connection has begun, but the response still reads from it.
+    connected: list[socket.socket] = []
 
     def _expire() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
+        for sock in connected:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
@@ -102,6 +104,11 @@ def http_get(
 
     watchdog.start()
     try:
+        conn.connect()
+        if conn.sock is not None:
+            connected.append(conn.sock)
+        if expired.is_set():
+            return _late()
         conn.request("GET", path, headers={"Accept": accept, "Connection": "close"})
         response = conn.getresponse()
         chunks: list[bytes] = []

@@ -90,7 +90,7 @@ class _Series(msgspec.Struct):
 
 class _Data(msgspec.Struct):
     resultType: str
-    result: list[_Series]
+    result: msgspec.Raw  # decoded as series once resultType says it holds some
 
 
 class _Answer(msgspec.Struct):
@@ -102,7 +102,7 @@ class _Answer(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Answer)
-_ERROR_DECODER = msgspec.json.Decoder(dict[str, Any])
+_SERIES_DECODER = msgspec.json.Decoder(list[_Series])
 
 
 def _number(text: str) -> float:
@@ -178,8 +178,12 @@ class PrometheusClient:
             what = f"{decoded.errorType}: {decoded.error}" if decoded.error else decoded.status
             return na(Status.UNKNOWN, f"Prometheus refused the query ({what[:300]})", SOURCE)
         if decoded.data.resultType not in {"vector", "matrix"}:
-            return na(Status.UNKNOWN, f"expected series, got a {decoded.data.resultType}", SOURCE)
-        result = decoded.data.result
+            kind = decoded.data.resultType[:40]
+            return na(Status.UNKNOWN, f"expected series, got a {kind} from {endpoint}", SOURCE)
+        try:
+            result = _SERIES_DECODER.decode(decoded.data.result)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return na(Status.UNKNOWN, f"{endpoint} answered series of another shape: {exc}", SOURCE)
         if len(result) > self.max_series:
             return na(
                 Status.UNKNOWN,
@@ -307,6 +311,7 @@ class PrometheusBackend(GpuSetBackend):
         self.lag_s = float(lag_s)
         self._clock = clock
         self._placeholder = False  # no GPU found at start: a stand-in says why
+        self._failure: Reading[Any] = na(Status.UNKNOWN, "")
         netloc = urllib.parse.urlsplit(self.url).netloc
         self.label = f"Prometheus {netloc}" + (f" {{{self.matchers}}}" if self.matchers else "")
 
@@ -348,21 +353,34 @@ class PrometheusBackend(GpuSetBackend):
         found = self._gpus_of(self.client.query(self.series_query, at))
         self.sample_time = at
         host = urllib.parse.urlsplit(self.url).netloc
-        if not found.ok or found.value is None or not found.value:
-            self._placeholder = True
+        if found.ok and found.value:
+            return found.value, {g.key: g for g in found.value}, self._stale(at)
+        self._placeholder = True
         if not found.ok or found.value is None:
-            reason = found.reason + " (restart the monitor once it answers)"
-            return (placeholder_gpu(self.url, host, found.status, reason),), {}, self._stale(at)
-        if not found.value:
-            reason = self._no_match() + " (restart the monitor once it does)"
-            g = placeholder_gpu(self.url, host, Status.NOT_FOUND, reason)
-            return (g,), {}, lambda _g: na(Status.NOT_FOUND, reason, SOURCE)
-        return found.value, {g.key: g for g in found.value}, self._stale(at)
+            failure = na(found.status, found.reason + " (restart the monitor once it answers)")
+        else:
+            failure = na(Status.NOT_FOUND, self._no_match() + " (restart the monitor once it does)")
+        self._failure = failure
+        g = placeholder_gpu(self.url, host, failure.status, failure.reason)
+        return (g,), {}, lambda _g: failure
 
     def _read(self) -> tuple[dict[GpuKey, ExporterGpu], Why]:
         at = self._clock() - self.lag_s
-        found = self._gpus_of(self.client.query(self.query, at))
+        answer = self.client.query(self.query, at)
         self.sample_time = at
+        if self._placeholder:  # the GPU list was fixed empty at start
+            if answer.ok:
+                failure = na(
+                    Status.NOT_AVAILABLE,
+                    "Prometheus answers now: restart the monitor to read its GPUs "
+                    f"(at start: {self._failure.reason})",
+                )
+            else:
+                failure = na(
+                    answer.status, answer.reason + " (restart the monitor once it answers)"
+                )
+            return {}, lambda _g: failure
+        found = self._gpus_of(answer)
         if not found.ok or found.value is None:
             failure = na(found.status, found.reason, SOURCE)
             return {}, lambda _g: failure
