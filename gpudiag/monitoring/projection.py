@@ -49,24 +49,47 @@ class Projection:
         return len(self.series)
 
     def apply(self, values: np.ndarray) -> np.ndarray:
-        """Rows of the monitor (rows x its columns) -> rows of this view (rows x width)."""
+        """Rows of the monitor (rows x its columns) -> rows of this view (rows x width).
+
+        Series that read the same number of columns are reduced together (one gather and
+        three reductions per group, not one per series: 4096 node-view series of 512 GPUs
+        cost a few milliseconds a row)."""
         values = np.atleast_2d(values)
         out = np.full((values.shape[0], self.width), np.nan, dtype=np.float64)
-        if not values.shape[0]:
+        if not values.shape[0] or not self.width:
             return out
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN
-            for i, (cols, how) in enumerate(zip(self.columns, self.reducers, strict=True)):
-                block = values[:, cols]
-                if how == "first" or block.shape[1] == 1:
-                    out[:, i] = block[:, 0]
-                elif how == "mean":
-                    out[:, i] = np.nanmean(block, axis=1)
-                elif how == "min":
-                    out[:, i] = np.nanmin(block, axis=1)
-                else:
-                    out[:, i] = np.nanmax(block, axis=1)
+            for index, gather, how in self._groups():
+                block = values[:, gather]  # rows x series x columns
+                if block.shape[2] == 1:
+                    out[:, index] = block[:, :, 0]
+                    continue
+                for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
+                    pick = how == name
+                    if pick.any():
+                        out[:, index[pick]] = reduce(block[:, pick, :], axis=2)
+                first = how == "first"
+                if first.any():
+                    out[:, index[first]] = block[:, first, 0]
         return out
+
+    def _groups(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        cached = self.__dict__.get("_group_cache")
+        if cached is None:
+            by_size: dict[int, list[int]] = {}
+            for i, cols in enumerate(self.columns):
+                by_size.setdefault(len(cols), []).append(i)
+            cached = [
+                (
+                    np.array(members),
+                    np.stack([self.columns[i] for i in members]),
+                    np.array([self.reducers[i] for i in members]),
+                )
+                for members in by_size.values()
+            ]
+            object.__setattr__(self, "_group_cache", cached)
+        return cached
 
     def na(self, reasons: Mapping[int, tuple[Status, str]]) -> dict[int, tuple[Status, str]]:
         """N/A reasons of this view's series: a series is N/A when all its columns are."""

@@ -40,6 +40,7 @@ MAX_CAPACITY = 2_000_000
 MAX_BUFFER_BYTES = 256 << 20
 # History read at start from a source that keeps it (Prometheus), at most this far back.
 BACKFILL_S = 300.0
+MAX_CHANGES = 256  # N/A-reason, note and throttling states kept for save()
 Listener = Callable[["Monitor", str], None]
 
 
@@ -383,9 +384,13 @@ class Monitor:
         self._na: NaMap = {}
         self._notes: dict[int, str] = {}
         self._events: dict[str, tuple[str, ...]] = {}
-        self._na_changes: deque[tuple[int, NaMap]] = deque()
-        self._note_changes: deque[tuple[int, dict[int, str]]] = deque()
-        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque()
+        # At most MAX_CHANGES each: a wide feed whose reasons flap (a cluster's scrapes
+        # failing here and there) must not keep a copy per tick of thousands of reasons.
+        self._na_changes: deque[tuple[int, NaMap]] = deque(maxlen=MAX_CHANGES)
+        self._note_changes: deque[tuple[int, dict[int, str]]] = deque(maxlen=MAX_CHANGES)
+        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque(
+            maxlen=MAX_CHANGES
+        )
         self._throttle_open: dict[str, ThrottleEvent] = {}
         self._throttle_log: deque[ThrottleEvent] = deque(maxlen=512)
         self.status_version = 0  # bumps when N/A reasons, notes or throttling change

@@ -324,14 +324,14 @@ class PrometheusBackend(GpuSetBackend):
             return na(Status.UNKNOWN, str(exc), SOURCE)
 
     def _stale(self, at: float) -> Why:
-        when = time.strftime("%H:%M:%S", time.localtime(at))
-
+        # No time in the reason: a reason that stays the same while a GPU stays stale is one
+        # change for the monitor to keep, not one per tick.
         def why(g: ExporterGpu) -> Reading[Any]:
             return na(
                 Status.NOT_AVAILABLE,
-                f"Prometheus has no sample of {g.host} GPU {g.gpu_label or '?'} at {when}: "
-                f"its exporter is down or its series went stale (check "
-                f"up{{{self.matchers}}} on the server)",
+                f"Prometheus has no recent sample of {g.host} GPU {g.gpu_label or '?'}: its "
+                f"exporter is down or its series went stale (check up{{{self.matchers}}} on "
+                "the server)",
                 SOURCE,
             )
 

@@ -94,11 +94,14 @@ class ExporterFarm:
                     return
                 body = farm.page(int(match.group(1))).encode()
                 farm.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # a scrape that timed out and hung up: nothing to answer
+                    return
 
             def log_message(self, *args: Any) -> None:
                 return None

@@ -260,3 +260,18 @@ def test_http_get_refuses_what_is_not_http() -> None:
     assert "not an http(s) URL" in http_get("file:///etc/passwd").reason
     refused = http_get(f"http://127.0.0.1:{free_port()}/", timeout_s=1.0)
     assert refused.status is Status.NOT_FOUND
+
+
+def test_the_magic_takes_prometheus_and_a_selector(
+    server: tuple[str, type[_Server]], ipython_shell: Any
+) -> None:
+    url, _handler = server
+    line = f"monitor --prometheus {url} --selector '{{job=\"dcgm\"}}' --interval 0.5"
+    m = ipython_shell.run_line_magic("gpudiag", line)
+    try:
+        assert isinstance(m, Monitor)
+        assert m.label.endswith('{job="dcgm"}')
+        assert m.interval == 0.5
+        assert [d.name for d in m.devices] == ["NVIDIA L4"]
+    finally:
+        m.stop()
