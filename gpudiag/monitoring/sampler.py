@@ -41,6 +41,8 @@ MAX_BUFFER_BYTES = 256 << 20
 # History read at start from a source that keeps it (Prometheus), at most this far back.
 BACKFILL_S = 300.0
 MAX_CHANGES = 256  # N/A-reason, note and throttling states kept for save()
+# ... and fewer for a wide feed: each state is a copy of up to one reason per series.
+MAX_CHANGE_ENTRIES = 500_000
 Listener = Callable[["Monitor", str], None]
 
 
@@ -384,13 +386,12 @@ class Monitor:
         self._na: NaMap = {}
         self._notes: dict[int, str] = {}
         self._events: dict[str, tuple[str, ...]] = {}
-        # At most MAX_CHANGES each: a wide feed whose reasons flap (a cluster's scrapes
-        # failing here and there) must not keep a copy per tick of thousands of reasons.
-        self._na_changes: deque[tuple[int, NaMap]] = deque(maxlen=MAX_CHANGES)
-        self._note_changes: deque[tuple[int, dict[int, str]]] = deque(maxlen=MAX_CHANGES)
-        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque(
-            maxlen=MAX_CHANGES
-        )
+        # Bounded: a wide feed whose reasons flap (a cluster's scrapes failing here and
+        # there) must not keep a copy per tick of thousands of reasons.
+        keep = max(16, min(MAX_CHANGES, MAX_CHANGE_ENTRIES // max(1, len(feed.series))))
+        self._na_changes: deque[tuple[int, NaMap]] = deque(maxlen=keep)
+        self._note_changes: deque[tuple[int, dict[int, str]]] = deque(maxlen=keep)
+        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque(maxlen=keep)
         self._throttle_open: dict[str, ThrottleEvent] = {}
         self._throttle_log: deque[ThrottleEvent] = deque(maxlen=512)
         self.status_version = 0  # bumps when N/A reasons, notes or throttling change
