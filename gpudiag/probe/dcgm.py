@@ -323,7 +323,7 @@ def _decode_reasons(mask: int) -> tuple[str, ...]:
     return decode_clock_event_reasons(mask)
 
 
-def _node_of(labels: Mapping[str, str], url: str) -> str:
+def node_of(labels: Mapping[str, str], url: str) -> str:
     """The node a series comes from: dcgm-exporter's ``Hostname`` label, else the host part
     of Prometheus's ``instance`` label, else the URL's host."""
     if labels.get("Hostname"):
@@ -345,7 +345,7 @@ def gpus_from_samples(samples: Iterable[PromSample], url: str) -> tuple[Exporter
             continue
         labels = s.labels
         key = (
-            _node_of(labels, url),
+            node_of(labels, url),
             labels.get("UUID", ""),
             labels.get("gpu", ""),
             labels.get("GPU_I_ID", ""),
@@ -450,7 +450,7 @@ def _exporter_gpu(values: Mapping[str, float], labels: Mapping[str, str], url: s
     )
     return ExporterGpu(
         url=labels.get("instance") or url,
-        host=_node_of(labels, url),
+        host=node_of(labels, url),
         info=info,
         state=state,
         activity=activity,

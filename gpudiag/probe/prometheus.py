@@ -32,6 +32,7 @@ from gpudiag.probe.dcgm import (
     GpuSetBackend,
     PromSample,
     gpus_from_samples,
+    node_of,
     placeholder_gpu,
 )
 from gpudiag.probe.model import GpuState
@@ -77,6 +78,7 @@ GPU_LABELS = ("Hostname", "instance", "gpu", "UUID", "GPU_I_ID")
 MAX_SERIES = 100_000
 MAX_POINTS = 2_000_000  # series x points of one range answer
 MAX_SELECTOR_CHARS = 2000
+RECENT_S = 300.0  # a GPU seen this recently gets a row even if its last scrape failed
 
 
 # -- the API's answers (https://prometheus.io/docs/prometheus/latest/querying/api/) -----------
@@ -101,7 +103,14 @@ class _Answer(msgspec.Struct):
     warnings: list[str] = []
 
 
+class _SeriesAnswer(msgspec.Struct):
+    status: str
+    data: list[dict[str, str]] = []
+    error: str = ""
+
+
 _DECODER = msgspec.json.Decoder(_Answer)
+_LABELS_DECODER = msgspec.json.Decoder(_SeriesAnswer)
 _SERIES_DECODER = msgspec.json.Decoder(list[_Series])
 
 
@@ -199,6 +208,29 @@ class PrometheusClient:
                 SOURCE,
             )
         return ok(result, SOURCE)
+
+    def series(self, selector: str, start: float, end: float) -> Reading[list[dict[str, str]]]:
+        """``/api/v1/series``: the label sets of the series ``selector`` picks that had a
+        sample between ``start`` and ``end`` (a node whose last scrape failed still counts)."""
+        got = http_get(
+            self.url + "/api/v1/series",
+            params={"match[]": selector, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+            timeout_s=self.timeout_s,
+            max_bytes=self.max_bytes,
+            accept="application/json",
+            source=SOURCE,
+        )
+        if not got.ok or got.value is None:
+            return na(got.status, got.reason, SOURCE)
+        try:
+            answer = _LABELS_DECODER.decode(got.value.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return na(Status.UNKNOWN, f"not Prometheus's series JSON: {exc}", SOURCE)
+        if answer.status != "success":
+            return na(Status.UNKNOWN, f"Prometheus refused ({answer.error[:300]})", SOURCE)
+        if len(answer.data) > self.max_series:
+            return na(Status.UNKNOWN, f"more than max_series={self.max_series} series", SOURCE)
+        return ok(answer.data, SOURCE)
 
     def query(self, promql: str, at: float | None = None) -> Reading[list[_Series]]:
         """``/api/v1/query``: the value of each series at ``at`` (seconds since the epoch)."""
@@ -350,11 +382,13 @@ class PrometheusBackend(GpuSetBackend):
 
     def _find(self) -> tuple[tuple[ExporterGpu, ...], dict[GpuKey, ExporterGpu], Why]:
         at = self._clock() - self.lag_s
-        found = self._gpus_of(self.client.query(self.series_query, at))
+        answer = self.client.query(self.series_query, at)
+        found = self._gpus_of(answer)
         self.sample_time = at
         host = urllib.parse.urlsplit(self.url).netloc
         if found.ok and found.value:
-            return found.value, {g.key: g for g in found.value}, self._stale(at)
+            gpus = self._with_recent(answer.value or [], found.value, at)
+            return gpus, {g.key: g for g in found.value}, self._stale(at)
         self._placeholder = True
         if not found.ok or found.value is None:
             failure = na(found.status, found.reason + " (restart the monitor once it answers)")
@@ -363,6 +397,31 @@ class PrometheusBackend(GpuSetBackend):
         self._failure = failure
         g = placeholder_gpu(self.url, host, failure.status, failure.reason)
         return (g,), {}, lambda _g: failure
+
+    def _with_recent(
+        self, now: list[_Series], found: tuple[ExporterGpu, ...], at: float
+    ) -> tuple[ExporterGpu, ...]:
+        """``found`` plus the GPUs with a sample in the last ``RECENT_S`` but none now (their
+        node's last scrape failed): they get a row, N/A until they answer again."""
+        recent = self.client.series(self.series_query, at - RECENT_S, at)
+        if not recent.ok or not recent.value:
+            return found
+        known = {g.key for g in found}
+        samples = _samples(now)
+        for labels in recent.value:
+            key = (
+                node_of(labels, self.url),
+                labels.get("UUID", ""),
+                labels.get("gpu", ""),
+                labels.get("GPU_I_ID", ""),
+            )
+            if key not in known:  # values only say which fields it had: N/A until it answers
+                samples.append(PromSample(labels.get("__name__", ""), labels, math.nan))
+        try:
+            every = gpus_from_samples(samples, self.url)
+        except PrometheusParseError:
+            return found
+        return every if len(every) > len(found) else found
 
     def _read(self) -> tuple[dict[GpuKey, ExporterGpu], Why]:
         at = self._clock() - self.lag_s

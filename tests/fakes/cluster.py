@@ -84,6 +84,7 @@ class ExporterFarm:
         self.clock = clock
         self.lines = (FIXTURES / "dcgm-exporter" / template).read_text().splitlines()
         self.requests = 0
+        self.down: set[int] = set()  # nodes whose exporter answers 503
         farm = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -91,6 +92,9 @@ class ExporterFarm:
                 match = re.fullmatch(r"/node-(\d+)/metrics", self.path)
                 if match is None or int(match.group(1)) >= farm.nodes:
                     self.send_error(404)
+                    return
+                if int(match.group(1)) in farm.down:
+                    self.send_error(503)
                     return
                 body = farm.page(int(match.group(1))).encode()
                 farm.requests += 1

@@ -212,3 +212,25 @@ def test_the_terminal_command_reads_prometheus(cluster: PrometheusServer) -> Non
     assert payload["monitor"]["interval_s"] == 1.0  # a cluster's default
     util = payload["samples"]["series"].index(["node-01/gpu1", "gpu_util_pct"])
     assert any(row[util] is not None for row in payload["samples"]["values"])
+
+
+def test_a_node_whose_exporter_is_down_at_start_keeps_its_rows(cluster: PrometheusServer) -> None:
+    """Its series went stale (a failed scrape), but Prometheus saw them minutes ago."""
+    cluster.farm.down = {2}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            up = cluster.query('up{instance="node-02:9400"}', time.time())
+            if up and up[0]["value"][1] == "0":
+                break
+            time.sleep(0.2)
+        backend = PrometheusBackend(cluster.url, '{job="dcgm"}', lag_s=0.0)
+        assert len(backend.gpus) == NODES * GPUS
+        states = backend.sample()
+    finally:
+        cluster.farm.down = set()
+        backend.close()
+    hosts = [g.host for g in backend.gpus]
+    down = [s for s, h in zip(states, hosts, strict=True) if h == "node-02"]
+    assert all("no recent sample of node-02" in s.gpu_util_pct.reason for s in down)
+    assert all(s.gpu_util_pct.ok for s, h in zip(states, hosts, strict=True) if h != "node-02")
