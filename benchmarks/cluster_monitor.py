@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))  # the cluster fakes live with the tests
 
 from gpudiag.monitoring import monitor  # noqa: E402
 from gpudiag.probe.prometheus import PrometheusBackend  # noqa: E402
-from tests.fakes.cluster import ExporterFarm, PrometheusServer  # noqa: E402
+from tests.fakes.cluster import PROMETHEUS, ExporterFarm, PrometheusServer  # noqa: E402
 
 MIB = 1 << 20
 
@@ -61,6 +61,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=1.0)
     args = parser.parse_args()
+    if not Path(PROMETHEUS).is_file():
+        print(f"skipped: {PROMETHEUS} not found (apt-get install -y prometheus)")
+        return 0
     comm.create_comm = lambda *a, **k: CountingComm(*a, **k)
     proc = psutil.Process()
     farm = ExporterFarm(args.nodes, args.gpus, straggler=(args.nodes // 2, 3))
