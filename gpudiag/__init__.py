@@ -30,6 +30,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "profile": ("gpudiag.profiling", "profile"),
     "monitor": ("gpudiag.monitoring", "monitor"),
     "Monitor": ("gpudiag.monitoring", "Monitor"),
+    "processes": ("gpudiag.probe.processes", "processes"),
+    "ProcessReport": ("gpudiag.probe.processes", "ProcessReport"),
     "bench": ("gpudiag.bench", None),
     "roofline": ("gpudiag.analysis.roofline", "roofline"),
     "Workload": ("gpudiag.step", "Workload"),
@@ -181,6 +183,8 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.fixes import Fix as Fix
     from gpudiag.monitoring import Monitor as Monitor
     from gpudiag.monitoring import monitor as monitor
+    from gpudiag.probe.processes import ProcessReport as ProcessReport
+    from gpudiag.probe.processes import processes as processes
     from gpudiag.probe.readings import Reading as Reading
     from gpudiag.probe.readings import Status as Status
     from gpudiag.probe.replay import ReplayBackend as ReplayBackend

@@ -22,3 +22,23 @@ def test_without_chromium_the_skip_reason_is_the_readme_line(
     reason = _missing()
     assert reason is not None
     assert reason.endswith(CHROMIUM_LINE)
+
+
+def test_the_readme_says_the_prometheus_tests_need_the_binary() -> None:
+    from tests.fakes.cluster import PROMETHEUS_LINE
+
+    assert PROMETHEUS_LINE in README.read_text(encoding="utf-8").splitlines()
+
+
+def test_without_prometheus_outside_ci_the_skip_reason_is_the_readme_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.fakes import cluster
+
+    monkeypatch.setattr(cluster, "PROMETHEUS", "/no/such/prometheus")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y prometheus"):
+        cluster.prometheus_or_skip()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="cannot run under CI"):
+        cluster.prometheus_or_skip()

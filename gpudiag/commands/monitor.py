@@ -13,7 +13,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options both front ends take; each adds its own (the terminal's redraws, the
     notebook's history)."""
     parser.add_argument(
-        "--interval", type=float, default=0.1, metavar="S", help="seconds between samples (0.1)"
+        "--interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between samples (0.1 here, 1 for a cluster)",
     )
     parser.add_argument(
         "--replay",
@@ -22,10 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "dump, a gpudiag snapshot, or 'demo'",
     )
     parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus server that scrapes dcgm-exporter on every node (http://HOST:9090)",
+    )
+    parser.add_argument(
+        "--selector",
+        default="",
+        metavar="MATCHERS",
+        help="""the label matchers of the DCGM series on that server ('{job="dcgm"}')""",
+    )
+    parser.add_argument(
         "--exporter",
+        "--endpoint",
+        dest="exporter",
         action="append",
         metavar="URL",
-        help="a dcgm-exporter /metrics URL; repeat it to watch a cluster's GPUs",
+        help="a dcgm-exporter /metrics URL read directly; repeat it to watch a cluster's GPUs",
     )
     parser.add_argument(
         "--devices", metavar="LIST", help="comma-separated NVML indices or UUIDs (default: all)"
@@ -38,6 +55,8 @@ def start(args: argparse.Namespace, **options: Any) -> Monitor:
         interval=args.interval,
         devices=parse_devices(args.devices),
         replay=args.replay,
-        exporters=args.exporter,
+        prometheus=args.prometheus,
+        selector=args.selector,
+        endpoints=args.exporter,
         **options,
     )

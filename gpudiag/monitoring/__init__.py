@@ -28,12 +28,20 @@ def _in_notebook_kernel() -> Any | None:
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
+LOCAL_INTERVAL_S = 0.1
+# Prometheus and exporters refresh every few seconds (dcgm-exporter: 30 s by default).
+CLUSTER_INTERVAL_S = 1.0
+
+
 def monitor(
-    interval: float = 0.1,
+    interval: float | None = None,
     devices: Sequence[int | str] | None = None,
     display: bool = True,
     replay: str | Path | None = None,
     *,
+    prometheus: str | None = None,
+    selector: str = "",
+    endpoints: Sequence[str] | None = None,
     exporters: Sequence[str] | None = None,
     history_s: float = 600.0,
     backend: Backend | None = None,
@@ -42,26 +50,42 @@ def monitor(
 ) -> Monitor:
     """Start the background monitor and, in a notebook, show its live widget.
 
-    - ``interval``: seconds between samples (0.1 = 10 Hz); one pass over every device per
-      tick, one timestamp.
+    - ``interval``: seconds between samples (default 0.1 = 10 Hz on this machine, 1 s for a
+      cluster); one pass over every device per tick, one timestamp.
     - ``devices``: NVML indices or UUIDs to watch (default: all). NVML indices follow PCI
       order, not ``CUDA_VISIBLE_DEVICES``.
     - ``replay``: play a recording at real speed instead of live data: a session saved with
       ``Monitor.save``, an ``nvidia-smi -q -x`` dump, a ``gpudiag inspect --json``
       snapshot, or ``"demo"`` (a session assembled from real recordings, labelled so).
-    - ``exporters``: dcgm-exporter URLs (``http://node:9400/metrics``) to watch a cluster's
-      GPUs, hardware activity counters included, from one notebook.
+    - ``prometheus``: a Prometheus server's URL (``http://HOST:9090``) that scrapes
+      dcgm-exporter on every node; ``selector`` picks the series (``'{job="dcgm"}'``). One
+      row per node and GPU, read by PromQL (instant queries each tick, range queries for the
+      history at start; ``m.feed.backend.query`` is the query, to check a value by hand).
+    - ``endpoints``: dcgm-exporter URLs (``http://node:9400/metrics``) read directly, where
+      no Prometheus runs. ``exporters`` is the same (its first name).
     - ``history_s``: seconds of samples kept in memory (a ring: memory stays constant).
 
     Without a visible NVIDIA GPU it samples the host (CPU per core, memory, this process)
     and says why. Calling it again (or re-running the cell) replaces the running monitor;
     ``m.stop()`` stops it (idempotent; it also runs at exit and when the widget closes).
     """
+    from gpudiag.errors import ArgumentError
     from gpudiag.monitoring.feeds import build_feed
+    from gpudiag.probe.dcgm import GpuSetBackend
 
+    if endpoints is not None and exporters is not None:
+        raise ArgumentError("give endpoints= or exporters= (the same thing), not both")
+    urls = endpoints if endpoints is not None else exporters
+    if prometheus is not None and urls:
+        raise ArgumentError("give prometheus= or endpoints=, not both: Prometheus reads them")
+    if interval is None:
+        cluster = prometheus is not None or bool(urls) or isinstance(backend, GpuSetBackend)
+        interval = CLUSTER_INTERVAL_S if cluster else LOCAL_INTERVAL_S
     feed = build_feed(
         replay=replay,
-        exporters=exporters,
+        exporters=urls,
+        prometheus=prometheus,
+        selector=selector,
         backend=backend,
         devices=devices,
         counters=counters,

@@ -25,7 +25,7 @@ from gpudiag.monitoring.derived import (
 )
 from gpudiag.monitoring.metrics import DeviceSpec, SeriesKey
 from gpudiag.probe.backend import Backend, NullBackend
-from gpudiag.probe.dcgm import ActivityCounters, DcgmExporterBackend, DcgmReader
+from gpudiag.probe.dcgm import ActivityCounters, DcgmExporterBackend, DcgmReader, GpuSetBackend
 from gpudiag.probe.host_sampler import HostSampler
 from gpudiag.probe.model import GpuInfo, GpuState
 from gpudiag.probe.readings import Reading, Status
@@ -92,11 +92,12 @@ class NoCounters:
 
 
 class ExporterCounters:
-    """The ``DCGM_FI_PROF_*`` values of the same scrape the backend's ``sample()`` made."""
+    """The ``DCGM_FI_PROF_*`` values of the same read (an exporter scrape, a Prometheus query)
+    the backend's ``sample()`` made."""
 
     label = "dcgm-exporter"
 
-    def __init__(self, backend: DcgmExporterBackend) -> None:
+    def __init__(self, backend: GpuSetBackend) -> None:
         self._backend = backend
 
     def read(self) -> tuple[ActivityCounters, ...]:
@@ -158,7 +159,7 @@ def auto_counters(backend: Backend, infos: Sequence[GpuInfo]) -> CounterSource:
     """The best activity-counter source for ``backend``: the exporter's own fields, a DCGM
     host engine, NVML GPM (Hopper+), or none with the reasons each one failed."""
     n = len(infos)
-    if isinstance(backend, DcgmExporterBackend):
+    if isinstance(backend, GpuSetBackend):
         return ExporterCounters(backend)
     if backend.is_recording:
         return NoCounters(n, "this recording has no activity counters (SM active, tensor, DRAM)")
@@ -207,7 +208,12 @@ GPU_METRICS: tuple[str, ...] = (
     "memory_bandwidth_pct_of_peak",
     "throttled",
 )
-_COL = {m: i for i, m in enumerate(GPU_METRICS)}
+# What only DCGM reports per tick (exporters, Prometheus): errors a node's GPUs hit.
+ERROR_METRICS: tuple[str, ...] = (
+    "xid_last",
+    "ecc_uncorrected_volatile",
+    "remapped_rows_uncorrectable",
+)
 
 
 def select_devices(infos: Sequence[GpuInfo], devices: Sequence[int | str] | None) -> list[int]:
@@ -247,8 +253,14 @@ class GpuFeed:
         devices: Sequence[int | str] | None = None,
         clock: Callable[[], float] = time.time,
         notes: tuple[str, ...] = (),
+        metrics: tuple[str, ...] | None = None,
     ) -> None:
         self.backend = backend
+        if metrics is None:
+            spans_nodes = isinstance(backend, GpuSetBackend)
+            metrics = GPU_METRICS + ERROR_METRICS if spans_nodes else GPU_METRICS
+        self.metrics = metrics
+        self._col = {m: i for i, m in enumerate(metrics)}
         self.label = backend.label
         self.is_recording = bool(backend.is_recording)
         self._clock = clock
@@ -295,7 +307,7 @@ class GpuFeed:
                 )
             )
         self.devices = tuple(devs)
-        self.series = tuple(SeriesKey(d.id, m) for d in self.devices for m in GPU_METRICS)
+        self.series = tuple(SeriesKey(d.id, m) for d in self.devices for m in metrics)
         self.notes = (*notes, f"activity counters: {self.counters.label}")
         self._nvlink_prev: list[dict[str, float] | None] = [None] * len(self.devices)
 
@@ -303,7 +315,28 @@ class GpuFeed:
         now = self._clock()
         states = self.backend.sample()
         activity = self.counters.read()
-        m = len(GPU_METRICS)
+        if isinstance(self.backend, GpuSetBackend) and self.backend.sample_time is not None:
+            now = self.backend.sample_time  # Prometheus: the time the query was evaluated at
+        return self._frame(now, states, activity)
+
+    def history(self, span_s: float, step_s: float) -> tuple[list[Frame], str]:
+        """Rows from before the monitor started, where the source keeps them (Prometheus):
+        the frames and a note on what was read (or why nothing was)."""
+        from gpudiag.probe.prometheus import PrometheusBackend
+
+        if not isinstance(self.backend, PrometheusBackend) or span_s <= 0:
+            return [], ""
+        got = self.backend.history(span_s, step_s)
+        if not got.ok or got.value is None:
+            return [], f"no history from Prometheus: {got.reason}"
+        frames = [self._frame(t, states, counters) for t, states, counters in got.value]
+        span = frames[-1].timestamp - frames[0].timestamp if len(frames) > 1 else 0.0
+        return frames, f"history: {len(frames)} rows over {span:.0f} s from a range query"
+
+    def _frame(
+        self, now: float, states: Sequence[GpuState], activity: Sequence[ActivityCounters]
+    ) -> Frame:
+        m = len(self.metrics)
         values = np.full(len(self.series), np.nan, dtype=np.float64)
         na: NaMap = {}
         notes: dict[int, str] = {}
@@ -328,8 +361,12 @@ class GpuFeed:
         notes: dict[int, str],
         events: dict[str, tuple[str, ...]],
     ) -> None:
+        col = self._col
+
         def put(metric: str, reading: Reading[Any], scale: float = 1.0) -> float:
-            i = base + _COL[metric]
+            if metric not in col:
+                return math.nan
+            i = base + col[metric]
             if reading.ok and reading.value is not None:
                 try:
                     values[i] = float(reading.value) * scale
@@ -341,14 +378,14 @@ class GpuFeed:
             return math.nan
 
         def derived(metric: str, value: float, reason: tuple[Status, str]) -> None:
-            i = base + _COL[metric]
+            i = base + col[metric]
             if math.isfinite(value):
                 values[i] = value
             else:
                 na[i] = reason
 
         def reason_of(metric: str) -> tuple[Status, str]:
-            return na.get(base + _COL[metric], (Status.NOT_AVAILABLE, "not read"))
+            return na.get(base + col[metric], (Status.NOT_AVAILABLE, "not read"))
 
         put("gpu_util_pct", state.gpu_util_pct)
         mem_util = put("memory_util_pct", state.memory_util_pct)
@@ -364,6 +401,9 @@ class GpuFeed:
         put("sm_occupancy_pct", act.sm_occupancy_pct)
         put("tensor_active_pct", act.tensor_active_pct)
         dram = put("dram_active_pct", act.dram_active_pct)
+        put("xid_last", state.xid_last)
+        put("ecc_uncorrected_volatile", state.ecc_uncorrected_volatile)
+        put("remapped_rows_uncorrectable", state.remapped_rows_uncorrectable)
 
         total = dev.facts.get("memory_total_bytes")
         derived(
@@ -401,16 +441,16 @@ class GpuFeed:
             )
             derived("memory_bandwidth_pct_of_peak", pct, (Status.NOT_AVAILABLE, basis))
             for metric in ("memory_bandwidth_gbps", "memory_bandwidth_pct_of_peak"):
-                notes[base + _COL[metric]] = basis
+                notes[base + col[metric]] = basis
 
         reasons = state.clock_event_reasons
         if reasons.ok and reasons.value is not None:
             active = throttle_reasons(tuple(reasons.value))
-            values[base + _COL["throttled"]] = 1.0 if active else 0.0
+            values[base + col["throttled"]] = 1.0 if active else 0.0
             if active:
                 events[dev.id] = active
         else:
-            na[base + _COL["throttled"]] = (reasons.status, reasons.reason or reasons.status.value)
+            na[base + col["throttled"]] = (reasons.status, reasons.reason or reasons.status.value)
 
     def _nvlink(
         self,
@@ -430,7 +470,7 @@ class GpuFeed:
             ("rx", act.nvlink_rx_bytes_per_s, state.nvlink_rx_bytes),
             ("tx", act.nvlink_tx_bytes_per_s, state.nvlink_tx_bytes),
         ):
-            i = base + _COL[f"nvlink_{direction}_bytes_per_s"]
+            i = base + self._col[f"nvlink_{direction}_bytes_per_s"]
             if rate.ok and rate.value is not None:
                 values[i] = float(rate.value)
                 continue
@@ -626,13 +666,16 @@ def build_feed(
     *,
     replay: str | Path | None = None,
     exporters: Sequence[str] | None = None,
+    prometheus: str | None = None,
+    selector: str = "",
     backend: Backend | None = None,
     devices: Sequence[int | str] | None = None,
     counters: CounterSource | None = None,
     loop: bool = True,
 ) -> Feed:
-    """The feed ``gd.monitor`` uses: a replay, dcgm-exporter URLs, a backend, live NVML,
-    or, when no GPU can be seen, the host (with the reason no GPU was found)."""
+    """The feed ``gd.monitor`` uses: a replay, a Prometheus server, dcgm-exporter URLs, a
+    backend, live NVML, or, when no GPU can be seen, the host (with the reason no GPU was
+    found)."""
     if replay is not None:
         from gpudiag.probe.session_replay import is_session_file
 
@@ -642,12 +685,18 @@ def build_feed(
         from gpudiag.probe.replay import ReplayBackend
 
         return GpuFeed(ReplayBackend.from_file(path), counters=counters, devices=devices)
-    if exporters:
-        exporter = DcgmExporterBackend(list(exporters))
+    cluster: GpuSetBackend | None = None
+    if prometheus is not None:
+        from gpudiag.probe.prometheus import PrometheusBackend
+
+        cluster = PrometheusBackend(prometheus, selector)
+    elif exporters:
+        cluster = DcgmExporterBackend(list(exporters))
+    if cluster is not None:
         try:
-            return GpuFeed(exporter, counters=counters, devices=devices)
+            return GpuFeed(cluster, counters=counters, devices=devices)
         except Exception:
-            exporter.close()
+            cluster.close()
             raise
     if backend is None:
         try:
@@ -666,6 +715,7 @@ def build_feed(
 
 __all__ = [
     "DEMO_SESSION",
+    "ERROR_METRICS",
     "GPU_METRICS",
     "CounterSource",
     "DcgmCounters",

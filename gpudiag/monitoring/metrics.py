@@ -19,7 +19,8 @@ class MetricSpec:
     unit: str
     description: str
     check: str = ""
-    kind: str = "gpu"  # "gpu", "activity" (hardware counters), "derived", "host"
+    # "gpu", "activity" (hardware counters), "derived", "host", "errors" (DCGM error counts)
+    kind: str = "gpu"
     scale_max: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,6 +215,34 @@ METRICS: dict[str, MetricSpec] = {
             "nvidia-smi -q -d PERFORMANCE",
             kind="derived",
             scale_max=1.0,
+        ),
+        _m(
+            "xid_last",
+            "Last XID error",
+            "",
+            "The code of the last XID error the driver logged (DCGM_FI_DEV_XID_ERRORS; 0: none "
+            "since the exporter started). 48, 63, 64, 74, 79, 92, 94, 95 are memory, NVLink or "
+            "fallen-off-the-bus faults",
+            "dmesg | grep -i xid",
+            kind="errors",
+        ),
+        _m(
+            "ecc_uncorrected_volatile",
+            "Uncorrected ECC errors",
+            "",
+            "Double-bit ECC errors since the last driver load (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL); "
+            "any is a fault that kills the job touching that memory",
+            "nvidia-smi -q -d ECC",
+            kind="errors",
+        ),
+        _m(
+            "remapped_rows_uncorrectable",
+            "Rows remapped (uncorrectable)",
+            "",
+            "Memory rows remapped after uncorrectable errors "
+            "(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS); a rising count needs a GPU reset",
+            "nvidia-smi -q -d ROW_REMAPPER",
+            kind="errors",
         ),
         _m(
             "cpu_util_pct",

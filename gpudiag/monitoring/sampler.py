@@ -36,6 +36,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpudiag.monitoring")
 
 MAX_CAPACITY = 2_000_000
+# The ring's memory, whatever the width: 512 GPUs x 24 metrics keep 10 min at 1 s in 59 MB.
+MAX_BUFFER_BYTES = 256 << 20
+# History read at start from a source that keeps it (Prometheus), at most this far back.
+BACKFILL_S = 300.0
+MAX_CHANGES = 256  # N/A-reason, note and throttling states kept for save()
+# ... and fewer for a wide feed: each state is a copy of up to one reason per series.
+MAX_CHANGE_ENTRIES = 500_000
 Listener = Callable[["Monitor", str], None]
 
 
@@ -357,6 +364,14 @@ class Monitor:
         self.interval = float(interval)
         self.history_s = float(history_s)
         capacity = int(min(MAX_CAPACITY, max(16, math.ceil(history_s / interval) + 1)))
+        row_bytes = 8 * (len(feed.series) + 1)
+        self._extra_notes: list[str] = []
+        if capacity * row_bytes > MAX_BUFFER_BYTES:
+            capacity = max(16, MAX_BUFFER_BYTES // row_bytes)
+            self._extra_notes.append(
+                f"history kept: {capacity * interval:.0f} s ({len(feed.series)} series fill the "
+                f"{MAX_BUFFER_BYTES >> 20} MiB buffer), not the {history_s:g} s asked"
+            )
         self._ring = SeriesRing(capacity, len(feed.series))
         self._clock = clock
         self._lock = threading.RLock()
@@ -371,9 +386,12 @@ class Monitor:
         self._na: NaMap = {}
         self._notes: dict[int, str] = {}
         self._events: dict[str, tuple[str, ...]] = {}
-        self._na_changes: deque[tuple[int, NaMap]] = deque()
-        self._note_changes: deque[tuple[int, dict[int, str]]] = deque()
-        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque()
+        # Bounded: a wide feed whose reasons flap (a cluster's scrapes failing here and
+        # there) must not keep a copy per tick of thousands of reasons.
+        keep = max(16, min(MAX_CHANGES, MAX_CHANGE_ENTRIES // max(1, len(feed.series))))
+        self._na_changes: deque[tuple[int, NaMap]] = deque(maxlen=keep)
+        self._note_changes: deque[tuple[int, dict[int, str]]] = deque(maxlen=keep)
+        self._event_changes: deque[tuple[int, dict[str, tuple[str, ...]]]] = deque(maxlen=keep)
         self._throttle_open: dict[str, ThrottleEvent] = {}
         self._throttle_log: deque[ThrottleEvent] = deque(maxlen=512)
         self.status_version = 0  # bumps when N/A reasons, notes or throttling change
@@ -408,7 +426,7 @@ class Monitor:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return tuple(self.feed.notes)
+        return (*self.feed.notes, *self._extra_notes)
 
     @property
     def ring(self) -> SeriesRing:
@@ -476,6 +494,30 @@ class Monitor:
         """Read the feed once and store the row (the sampler thread calls this)."""
         started = self._clock()
         frame = self.feed.read()
+        self._record(frame, started)
+        self._notify("tick")
+        return frame
+
+    def backfill(self) -> int:
+        """Store the rows a feed can read from before the start (Prometheus's history), up
+        to ``BACKFILL_S`` and the buffer; returns how many. The sampler thread calls it once
+        before its first tick, so a slow answer never holds up the caller."""
+        read = getattr(self.feed, "history", None)  # only feeds whose source keeps history
+        if read is None or self._ring.count:
+            return 0
+        span = min(BACKFILL_S, self.history_s, (self._ring.capacity - 1) * self.interval)
+        frames, note = read(span, self.interval)
+        for frame in frames:
+            self._record(frame, self._clock())
+        if note:
+            with self._lock:
+                self._extra_notes.append(note)
+                self.status_version += 1
+        if frames:
+            self._notify("tick")
+        return len(frames)
+
+    def _record(self, frame: Frame, started: float) -> None:
         seq = self._ring.append(frame.timestamp, frame.values)
         with self._lock:
             changed = False
@@ -499,8 +541,6 @@ class Monitor:
             self._tick_count += 1
             self._tick_total_s += elapsed
             self._tick_max_s = max(self._tick_max_s, elapsed)
-        self._notify("tick")
-        return frame
 
     def _prune_changes(self) -> None:
         oldest = self._ring.oldest
@@ -552,9 +592,10 @@ class Monitor:
         return self
 
     def _run(self) -> None:
-        next_t = self._clock()
         cpu_start = time.thread_time()
         try:
+            self.backfill()
+            next_t = self._clock()
             while not self._stop_event.is_set():
                 frame = self.tick()
                 if frame.finished:
@@ -653,6 +694,7 @@ class Monitor:
                 "is_recording": self.is_recording,
                 "interval_s": self.interval,
                 "units": {f"{s.device}/{s.name}": self.unit(s) for s in self.series},
+                "hosts": {d.id: d.host for d in self.devices if d.host},
             }
         )
         return df

@@ -16,6 +16,30 @@ _DISPLAY_UNITS: dict[str, tuple[float, str]] = {
 }
 
 
+NODE_LINES_FROM = 16
+
+
+def _node_means(samples: pd.DataFrame, hosts: dict[str, str]) -> pd.DataFrame:
+    """One column per (node, metric): the mean over the node's GPUs."""
+    units: dict[str, str] = dict(samples.attrs.get("units", {}))
+    grouped = (
+        samples.T.groupby(
+            [
+                [f"node {hosts.get(d, d)}" for d, _ in samples.columns],
+                samples.columns.get_level_values(1),
+            ]
+        )
+        .mean()
+        .T
+    )
+    grouped.columns = grouped.columns.set_names(["device", "metric"])
+    grouped.attrs = dict(samples.attrs)
+    grouped.attrs["units"] = {
+        f"node {hosts.get(d, d)}/{n}": units.get(f"{d}/{n}", "") for d, n in samples.columns
+    }
+    return grouped
+
+
 def monitor_figure(
     samples: pd.DataFrame,
     metrics: Sequence[str] | None = None,
@@ -27,6 +51,8 @@ def monitor_figure(
 
     ``metrics`` picks and orders the metrics (default: every metric with data); ``devices``
     restricts the devices. N/A samples (NaN) leave gaps rather than being drawn as zero.
+    Samples of more than ``NODE_LINES_FROM`` GPUs on several nodes (a cluster) draw one line
+    per node, the mean over its GPUs, unless ``devices`` picks some.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -37,6 +63,10 @@ def monitor_figure(
         fig = go.Figure()
         fig.update_layout(title=title or "no monitor samples")
         return fig
+    hosts: dict[str, str] = dict(samples.attrs.get("hosts", {}))
+    shown_devices = {d for d, _ in samples.columns}
+    if devices is None and len(shown_devices) > NODE_LINES_FROM and len(set(hosts.values())) > 1:
+        samples = _node_means(samples, hosts)
     units: dict[str, str] = dict(samples.attrs.get("units", {}))
     columns = [
         (device, name)

@@ -119,6 +119,9 @@ class GpuState:
     remapped_rows_uncorrectable: Reading[int] = field(default_factory=_na)
     row_remap_pending: Reading[bool] = field(default_factory=_na)
     row_remap_failed: Reading[bool] = field(default_factory=_na)
+    # The last XID error the driver reported (DCGM_FI_DEV_XID_ERRORS; 0: none since the
+    # exporter started). NVML has no such reading: `dmesg | grep -i xid` on the node.
+    xid_last: Reading[int] = field(default_factory=_na)
     processes: Reading[tuple[GpuProcess, ...]] = field(default_factory=_na)
 
 

@@ -49,6 +49,7 @@ FAMILIES: tuple[str, ...] = (
     "attention",
     "steps",
     "utilization",
+    "cluster",
     "code",
     "topology",
     "memory",

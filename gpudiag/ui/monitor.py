@@ -23,6 +23,14 @@ from gpudiag.monitoring.metrics import (
     DEFAULT_HOST_METRICS,
     metric_spec,
 )
+from gpudiag.monitoring.projection import (
+    EVERY_GPU_LIMIT,
+    Projection,
+    by_node,
+    every_device,
+    nodes_of,
+    one_node,
+)
 
 WINDOW_CHOICES_S: tuple[tuple[str, float], ...] = (
     ("30 s", 30.0),
@@ -53,19 +61,55 @@ def widget_asset(name: str) -> str:
     )
 
 
-def _tiles(m: Monitor) -> list[dict[str, Any]]:
-    """One tile per (device, metric); lanes of a metric (CPU cores) share a tile."""
+# Past this many GPUs over several nodes, a view starts with one row per node.
+NODE_VIEW_FROM_GPUS = 16
+VIEW_BY_NODE = "__nodes__"
+VIEW_EVERY_GPU = "__every__"
+
+
+def projection_for(m: Monitor, view: str | None = None) -> Projection:
+    """The rows a view shows: ``VIEW_BY_NODE``, ``VIEW_EVERY_GPU``, or a node's name; None
+    picks by size (one row per node past ``NODE_VIEW_FROM_GPUS`` GPUs on several nodes)."""
+    units = tuple(m.unit(s) for s in m.series)
+    nodes = nodes_of(m.devices)
+    if view is None:
+        gpus = sum(len(v) for v in nodes.values())
+        view = VIEW_BY_NODE if nodes and gpus > NODE_VIEW_FROM_GPUS else VIEW_EVERY_GPU
+    if view == VIEW_BY_NODE and nodes:
+        return by_node(m.devices, m.series, units)
+    if view in nodes:
+        return one_node(view, m.devices, m.series, units)
+    if view != VIEW_EVERY_GPU:
+        raise GpuDiagError(f"no node {view!r} in this monitor; nodes: {', '.join(nodes) or 'none'}")
+    return every_device(m.devices, m.series, units)
+
+
+def view_options(m: Monitor) -> list[tuple[str, str]]:
+    """The choices of the view menu: by node, every GPU (up to a size), each node."""
+    nodes = nodes_of(m.devices)
+    if not nodes:
+        return []
+    options = [("all nodes (mean · min · max)", VIEW_BY_NODE)]
+    if len(m.devices) <= EVERY_GPU_LIMIT:
+        options.append(("every GPU", VIEW_EVERY_GPU))
+    options += [(f"node {n} ({len(g)} GPUs)", n) for n, g in nodes.items()]
+    return options
+
+
+def _tiles(p: Projection) -> list[dict[str, Any]]:
+    """One tile per (device, metric); lanes of a metric (CPU cores, a node's mean/min/max)
+    share a tile."""
     tiles: dict[tuple[str, str], dict[str, Any]] = {}
-    for i, s in enumerate(m.series):
+    for i, s in enumerate(p.series):
         key = (s.device, s.metric)
         if key not in tiles:
-            spec = metric_spec(s.metric, m.unit(s))
+            spec = metric_spec(s.metric, p.units[i])
             tiles[key] = {
                 "id": f"{s.device}/{s.metric}",
                 "device": s.device,
                 "metric": s.metric,
                 "label": spec.label,
-                "unit": m.unit(s),
+                "unit": p.units[i],
                 "scale_max": spec.scale_max,
                 "help": f"{spec.description}. Check: {spec.check}"
                 if spec.check
@@ -116,8 +160,16 @@ class MonitorChart(anywidget.AnyWidget):
     paused = traitlets.Bool(False).tag(sync=True)
     state = traitlets.Unicode("created").tag(sync=True)
 
-    def __init__(self, monitor: Monitor, *, push_interval_s: float = 0.25, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        monitor: Monitor,
+        *,
+        push_interval_s: float = 0.25,
+        view: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.monitor = monitor
+        self.projection = projection_for(monitor, view)
         self.push_interval_s = float(push_interval_s)
         browser_window = min(MAX_BROWSER_WINDOW_S, monitor.history_s)
         capacity = int(np.ceil(browser_window / monitor.interval)) + 8
@@ -126,7 +178,7 @@ class MonitorChart(anywidget.AnyWidget):
             _esm=widget_asset("monitor.js"),
             _css=widget_asset("monitor.css"),
             uid=uuid.uuid4().hex,
-            spec=self._spec(monitor, capacity),
+            spec=self._spec(monitor, self.projection, capacity),
             selected=_default_metrics(monitor),
             window_s=min(60.0, browser_window),
             state=monitor.state,
@@ -145,17 +197,34 @@ class MonitorChart(anywidget.AnyWidget):
         self.push(force=True)
 
     @staticmethod
-    def _spec(m: Monitor, capacity: int) -> dict[str, Any]:
+    def _spec(m: Monitor, p: Projection, capacity: int) -> dict[str, Any]:
         return {
             "label": m.label,
             "is_recording": m.is_recording,
             "interval_s": m.interval,
             "capacity": capacity,
-            "notes": list(m.notes),
-            "devices": [d.to_dict() for d in m.devices],
-            "series": [s.to_list() for s in m.series],
-            "tiles": _tiles(m),
+            "notes": [*m.notes, *([p.note] if p.note else [])],
+            "view": p.name,
+            "devices": [d.to_dict() for d in p.devices],
+            "series": [s.to_list() for s in p.series],
+            "tiles": _tiles(p),
         }
+
+    def show(self, view: str) -> None:
+        """Switch the rows shown (a node's name, ``VIEW_BY_NODE``, ``VIEW_EVERY_GPU``): the
+        spec changes and the browser gets the window again in the new shape."""
+        with self._lock:
+            self.projection = projection_for(self.monitor, view)
+            self.spec = self._spec(self.monitor, self.projection, self.capacity)
+            self._status_version = -1
+            self._refresh_status()
+            self.backfill()
+
+    def _rows(self, v: np.ndarray) -> np.ndarray:
+        """Monitor rows -> the rows this view shows."""
+        if self.projection.name == "every GPU":
+            return v
+        return self.projection.apply(v)
 
     # -- kernel -> browser -------------------------------------------------------------------
     def _send_rows(self, kind: str, first_seq: int, t: np.ndarray, v: np.ndarray) -> int:
@@ -192,7 +261,7 @@ class MonitorChart(anywidget.AnyWidget):
             self._sent_seq = ring.count if t.size == 0 else first + t.shape[0]
             if t.size == 0:
                 return 0
-            return self._send_rows("rows", first, t, v)
+            return self._send_rows("rows", first, t, self._rows(v))
 
     def backfill(self) -> int:
         """Send the whole window again ("reset"): for a new browser view or a longer window."""
@@ -203,20 +272,23 @@ class MonitorChart(anywidget.AnyWidget):
             first, t, v = self.monitor.ring.since(0, limit=min(rows, self.capacity))
             self._sent_seq = max(self._sent_seq, first + t.shape[0])
             self._last_push = time.monotonic()
-            return self._send_rows("reset", first, t, v)
+            return self._send_rows("reset", first, t, self._rows(v))
 
     def _refresh_status(self) -> None:
         m = self.monitor
         if m.status_version == self._status_version and self.state == m.state:
             return
         self._status_version = m.status_version
-        throttled = {
-            device: {"since": ev.since, "reasons": list(ev.reasons)}
-            for device, ev in m.throttled_since().items()
-        }
+        p = self.projection
+        events = m.throttled_since()
+        throttled = {}
+        for shown, members in p.devices_of(list(events)).items():
+            reasons = sorted({r for d in members for r in events[d].reasons})
+            since = min(events[d].since for d in members)
+            throttled[shown] = {"since": since, "reasons": reasons}
         self.status = {
-            "na": {str(i): reason for i, (_, reason) in m.na_index().items()},
-            "notes": {str(i): note for i, note in m.notes_index().items()},
+            "na": {str(i): reason for i, (_, reason) in p.na(m.na_index()).items()},
+            "notes": {str(i): note for i, note in p.notes(m.notes_index()).items()},
             "throttled": throttled,
             "error": m.error or "",
         }
@@ -283,6 +355,14 @@ class MonitorView(widgets.VBox):
             description="window",
             layout=widgets.Layout(width="170px"),
         )
+        self.view_menu = widgets.Dropdown(
+            options=view_options(monitor) or [("this machine", VIEW_EVERY_GPU)],
+            value=self._current_view(),
+            description="rows",
+            layout=widgets.Layout(width="280px"),
+        )
+        self.view_menu.layout.display = None if view_options(monitor) else "none"
+        self.view_menu.observe(self._view_changed, names="value")
         self.pause = widgets.ToggleButton(value=False, description="pause", icon="pause")
         self.stop_button = widgets.Button(description="stop", icon="stop", button_style="warning")
         self.status_line = widgets.HTML(value=self._status_html())
@@ -295,7 +375,9 @@ class MonitorView(widgets.VBox):
         bar = widgets.HBox(
             [
                 self.metrics,
-                widgets.VBox([self.window, widgets.HBox([self.pause, self.stop_button])]),
+                widgets.VBox(
+                    [self.window, self.view_menu, widgets.HBox([self.pause, self.stop_button])]
+                ),
                 self.status_line,
             ],
             layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"),
@@ -323,6 +405,13 @@ class MonitorView(widgets.VBox):
         if event == "stopped":
             self.stop_button.disabled = True
             self.pause.disabled = True
+
+    def _current_view(self) -> str:
+        name = self.chart.projection.name
+        return {"by node": VIEW_BY_NODE, "every GPU": VIEW_EVERY_GPU}.get(name, name)
+
+    def _view_changed(self, change: dict[str, Any]) -> None:
+        self.chart.show(str(change["new"]))
 
     def _metrics_changed(self, change: dict[str, Any]) -> None:
         self.chart.selected = list(change["new"])
@@ -361,4 +450,12 @@ def _close_tree(widget: widgets.Widget) -> None:
     widget.close()
 
 
-__all__ = ["MonitorChart", "MonitorView", "widget_asset"]
+__all__ = [
+    "VIEW_BY_NODE",
+    "VIEW_EVERY_GPU",
+    "MonitorChart",
+    "MonitorView",
+    "projection_for",
+    "view_options",
+    "widget_asset",
+]

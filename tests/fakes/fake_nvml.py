@@ -600,3 +600,9 @@ class FakeNvml(types.ModuleType):
 
     def _nvmlDeviceGetGraphicsRunningProcesses(self, h: _Handle) -> list[Any]:
         return self._procs(h, ("G", "C+G"))
+
+    def _nvmlDeviceGetProcessUtilization(self, h: _Handle, last_seen: int) -> list[Any]:
+        # `nvidia-smi -q -x` holds no per-process utilization; every recorded GPU is idle
+        # (0 %), and an idle GPU has no samples since the last window: NVML_ERROR_NOT_FOUND.
+        # Busy cases pass overrides={"nvmlDeviceGetProcessUtilization": ...}.
+        raise _err(real.NVML_ERROR_NOT_FOUND)

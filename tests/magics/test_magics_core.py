@@ -123,6 +123,7 @@ def test_inspect_and_monitor_take_one_set_of_options_in_both_front_ends() -> Non
 
     assert _options(cli_inspect.add_arguments) == _options(magic_inspect.add_arguments)
     assert _options(cli_inspect.add_arguments) == {"--json", "--replay", "--topology"}
-    shared = {"--interval", "--replay", "--exporter", "--devices"}
+    shared = {"--interval", "--replay", "--exporter", "--endpoint", "--devices"}
+    shared |= {"--prometheus", "--selector"}
     assert _options(cli_monitor.add_arguments) == shared | {"--duration", "--refresh", "--json"}
     assert _options(magic_monitor.add_arguments) == shared | {"--history"}

@@ -39,6 +39,8 @@ def test_text_mode_prints_tables_and_the_summary() -> None:
         duration=0.25,
         replay="demo",
         exporter=None,
+        prometheus=None,
+        selector="",
         devices=None,
         refresh=0.1,
         json=False,

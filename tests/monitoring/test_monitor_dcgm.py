@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 from gpudiag.monitoring import Monitor
-from gpudiag.monitoring.feeds import GPU_METRICS, ExporterCounters, GpuFeed
+from gpudiag.monitoring.feeds import ExporterCounters, GpuFeed
 from gpudiag.probe.dcgm import (
     PROFILING_PERMISSION_FIX,
     DcgmExporterBackend,
@@ -202,8 +202,8 @@ def test_an_exporter_down_keeps_a_tile_that_says_why(exporter_server: str) -> No
     feed = GpuFeed(backend, counters=ExporterCounters(backend))
     assert len(feed.devices) == 3
     frame = feed.read()
-    width = len(GPU_METRICS)
-    util = GPU_METRICS.index("gpu_util_pct")
+    width = len(feed.metrics)  # the GPU metrics and, from an exporter, its error counts
+    util = feed.metrics.index("gpu_util_pct")
     assert frame.values[util] == 0.0  # the L4 carries on
     assert "cannot reach" in frame.na[width + util][1]
     assert "not Prometheus text" in frame.na[2 * width + util][1]

@@ -44,3 +44,21 @@ def test_empty_samples_give_an_empty_titled_figure() -> None:
     fig = monitor_figure(samples().iloc[0:0])
     assert fig.layout.title.text == "no monitor samples"
     assert monitor_figure(samples(), metrics=["power_w"]).layout.title.text.startswith("no data")
+
+
+def test_a_cluster_figure_draws_one_line_per_node_the_mean_of_its_gpus() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from gpudiag.plots.monitor import monitor_figure
+
+    cols = [(f"n{n}/gpu{g}", "gpu_util_pct") for n in range(3) for g in range(6)]
+    values = np.array([[10.0 * n + g for n in range(3) for g in range(6)]] * 4)
+    df = pd.DataFrame(values, columns=pd.MultiIndex.from_tuples(cols, names=["device", "metric"]))
+    df.attrs.update(
+        hosts={d: d.split("/")[0] for d, _ in cols}, units={f"{d}/{m}": "%" for d, m in cols}
+    )
+    fig = monitor_figure(df)
+    assert [t.name for t in fig.data] == ["node n0", "node n1", "node n2"]
+    assert list(fig.data[1].y) == [12.5] * 4  # (10 + 11 + ... + 15) / 6
+    assert len(monitor_figure(df, devices=["n0/gpu0", "n0/gpu1"]).data) == 2  # picked: as is

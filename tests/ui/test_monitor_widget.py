@@ -204,7 +204,7 @@ def test_tiles_group_lanes_of_one_metric() -> None:
             )
 
     m = Monitor(Cores(), interval=1.0, start=False)
-    (tile,) = ui._tiles(m)
+    (tile,) = ui._tiles(ui.projection_for(m))
     assert (tile["metric"], tile["series"], tile["lanes"]) == (
         "cpu_core_util_pct",
         [0, 1],
