@@ -175,10 +175,15 @@ def run_gpu_tests(
     return collector.rows
 
 
-def _gpudiag(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+def _gpudiag(
+    *args: str, timeout_s: float = 300, show_output: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``gpudiag ARGS`` in a fresh process; ``show_output``: its output goes on to ours as it
+    comes (what a time box cut short is still in the log), only its errors are kept."""
     return subprocess.run(
         [sys.executable, "-m", "gpudiag", *args],
-        capture_output=True,
+        stdout=None if show_output else subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         timeout=timeout_s,
         check=False,
@@ -210,8 +215,8 @@ def end_to_end(out_dir: Path, sink: RowSink | None = None) -> list[CheckRow]:
         return f"{len(replay.gpu_infos())} GPU(s) in the snapshot, replayed"
 
     def record() -> str:
-        done = _gpudiag("record", str(out_dir), timeout_s=420)
-        print(done.stdout, end="", flush=True)  # each file's line: what a time box cut short
+        sys.stdout.flush()
+        done = _gpudiag("record", str(out_dir), timeout_s=420, show_output=True)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip()[-240:] or f"exit code {done.returncode}")
         from gpudiag.cli.record import replay_recording
@@ -471,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
         print(table(rows))
         if args.json is not None:
             write_rows(args.json, rows)
-        return 1 if any(r.result == FAILED for r in rows) else 0
+        return 1 if any(r.result in (FAILED, NOT_RUN) for r in rows) else 0
     sink = RowSink(args.json)
     if args.json is not None:
         write_rows(args.json, [])

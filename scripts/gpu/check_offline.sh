@@ -16,6 +16,10 @@
 # output) and recording-<gpu>-<count>x.tar.gz (the `gpudiag record` folder, for
 # tests/fixtures/recorded/; split into .partNN files past 15 MiB). CONTRIBUTING.md says how.
 #
+# Exit status: 0 when every row passed or was not applicable, 1 when a row failed or a part
+# was not run, 2 or 3 when the check could not start (not a checkout; no wheels, torch missing
+# or changed).
+#
 # PARTs (default: all, in this order): deps, gpu-paths, record, doctor, nccl, compare.
 # A second try can run only what needs it, e.g. `... OUT_DIR compare`.
 # Environment: GPU_CHECK_PYTHON (python3), GPU_CHECK_WHEELS (.gpu-wheels),
@@ -64,25 +68,30 @@ offline_pip() {
 
 FINISHED=
 # shellcheck disable=SC2317  # run by the EXIT trap
-finish() {
+finish() { # the exit status: the script's own, else 1 when a row failed
+  local status=$? merged=0
   [ -n "$FINISHED" ] && return
   FINISHED=1
   say "the table (every part that ran; parts: $PARTS)"
-  if ! "$PYTHON" -m gpudiag.cli.gpu_check --merge "$ROWS" --json "$OUT_DIR/rows.json" \
-    >"$OUT_DIR/table.txt" 2>&1; then
-    [ -s "$OUT_DIR/rows.json" ] || cat "$ROWS"/*.json >"$OUT_DIR/rows.json" 2>/dev/null
+  "$PYTHON" -m gpudiag.cli.gpu_check --merge "$ROWS" --json "$OUT_DIR/rows.json" \
+    >"$OUT_DIR/table.txt" 2>&1 || merged=$?
+  if [ "$merged" -gt 1 ] && [ ! -s "$OUT_DIR/rows.json" ]; then
+    cat "$ROWS"/*.json >"$OUT_DIR/rows.json" 2>/dev/null
   fi
+  [ "$status" -eq 0 ] && status=$merged
   cat "$OUT_DIR/table.txt"
   for folder in "$REC_ROOT"/*/; do
     [ -d "$folder" ] || continue
     name=$(basename "$folder")
     tarball="$OUT_DIR/recording-$name.tar.gz"
+    # No manifest: `gpudiag record` did not finish (its time box): not a recording to commit.
+    [ -f "$folder/manifest.json" ] || tarball="$OUT_DIR/recording-$name-incomplete.tar.gz"
     tar -czf "$tarball" -C "$REC_ROOT" "$name"
     if [ "$(stat -c %s "$tarball")" -gt $((15 * 1024 * 1024)) ]; then
       split -b 15M -d "$tarball" "$tarball.part" && rm -f "$tarball"
       say "recording $name split in parts: cat $(basename "$tarball").part* >$(basename "$tarball")"
     fi
-    say "recording: $(cd "$OUT_DIR" && echo "recording-$name".*)"
+    say "recording: $(cd "$OUT_DIR" && echo "recording-$name"*)"
   done
   if [ -n "${TORCH_BEFORE:-}" ]; then
     after=$("$PYTHON" scripts/gpu/offline_env.py torch-id 2>&1)
@@ -95,11 +104,12 @@ finish() {
   if [ -f "$log" ] && [ "$(stat -c %s "$log")" -gt $((15 * 1024 * 1024)) ]; then
     tail -c $((15 * 1024 * 1024)) "$log" >"$log.tail" && mv "$log.tail" "$log"
   fi
+  exit "$status"
 }
 trap finish EXIT
 trap 'say "stopped by a signal"; exit 143' TERM INT
 
-# --- 1. the machine, and torch before anything is installed ----------------------------------
+# --- 1. the machine ---------------------------------------------------------------------------
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "uname: $(uname -srm)"
@@ -109,15 +119,8 @@ trap 'say "stopped by a signal"; exit 143' TERM INT
   echo "nvidia-smi -L: $(nvidia-smi -L 2>&1 | tr '\n' ';')"
 } >"$OUT_DIR/env.txt"
 cat "$OUT_DIR/env.txt"
-if ! TORCH_BEFORE=$("$PYTHON" scripts/gpu/offline_env.py torch-id 2>&1); then
-  say "torch does not import with $PYTHON: $TORCH_BEFORE"
-  TORCH_BEFORE=
-  exit 3
-fi
-say "before: $TORCH_BEFORE"
-echo "before: $TORCH_BEFORE" >>"$OUT_DIR/env.txt"
 
-# --- 2. the wheels the machine lacks, into a folder of their own -----------------------------
+# --- 2. the wheels the machine lacks, into a folder of their own, torch compared around it ----
 shopt -s nullglob
 wheels=("$WHEELS"/*.whl)
 spare_wheels=("$WHEELS"/spare/*.whl)
@@ -134,6 +137,14 @@ for wheel in "${wheels[@]}" "${spare_wheels[@]}"; do
       ;;
   esac
 done
+if ! TORCH_BEFORE=$("$PYTHON" scripts/gpu/offline_env.py torch-id 2>&1); then
+  say "no torch for $PYTHON: $TORCH_BEFORE"
+  TORCH_BEFORE=
+  exit 3
+fi
+say "before: $TORCH_BEFORE"
+echo "before: $TORCH_BEFORE" >>"$OUT_DIR/env.txt"
+
 say "installing ${#wheels[@]} wheels from $WHEELS into $SITE (--no-index, --no-deps)"
 if ! offline_pip --target "$SITE" "${wheels[@]}"; then
   say "pip could not install them: unpacking the wheels instead"

@@ -82,6 +82,8 @@ def test_merge_from_the_command_line_prints_the_table_and_writes_the_rows(
     assert "0 passed, 0 failed, 1 not applicable" in capsys.readouterr().out
     assert read_rows(out) == [row]
     assert gpu_check.main(["--merge", str(tmp_path / "missing")]) == 2
+    _part(tmp_path, "02-compare", {"part": "compare", "exit": "not run", "reason": "late"}, None)
+    assert gpu_check.main(["--merge", str(tmp_path)]) == 1  # a part not run: not a clean run
 
 
 def test_a_collection_error_is_the_line_that_says_what_failed() -> None:

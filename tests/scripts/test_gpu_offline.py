@@ -201,10 +201,14 @@ def test_only_the_spares_whose_version_does_not_fit_are_installed(tmp_path: Path
 
 
 def test_torch_id_names_the_version_and_folder() -> None:
+    from importlib import metadata
+
     import torch
 
     line = offline_env.torch_id()
-    assert line == f"torch {torch.__version__} at {Path(torch.__file__).resolve().parent}"
+    where = Path(torch.__file__).resolve().parent
+    assert line == f"torch {metadata.version('torch')} at {where}"
+    assert torch.__version__.startswith(metadata.version("torch").split("+")[0])
 
 
 # --- the scripts ------------------------------------------------------------------------------
@@ -278,6 +282,54 @@ def test_the_parts_select_every_gpu_test_once() -> None:
     assert all(found.values()), found
     selected = [nodeid for ids in found.values() for nodeid in ids]
     assert sorted(selected) == sorted(everything)
+
+
+def _run_check(out: Path, wheel_folder: Path, *parts: str, deadline_s: int = 600) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    env.update(
+        GPU_CHECK_PYTHON=sys.executable,
+        GPU_CHECK_WHEELS=str(wheel_folder),
+        GPU_CHECK_DEADLINE_S=str(deadline_s),
+    )
+    done = subprocess.run(
+        ["bash", str(SCRIPTS / "check_offline.sh"), str(out), *parts],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
+
+
+@pytest.mark.slow
+def test_check_offline_installs_the_folder_and_merges_its_parts(tmp_path: Path) -> None:
+    """The command with this venv's Python and a folder of one wheel: it installs it with
+    --no-index beside torch, runs the parts asked for and leaves the table and the files."""
+    folder = tmp_path / "wheels"
+    _wheel(folder, "gpudiag_offline_probe", "1.0", files={"gpudiag_offline_probe.py": "X = 1\n"})
+    _wheel(folder / "spare", "typing_extensions", "1000.0")  # this venv's fits: not installed
+    out = tmp_path / "out"
+    log = _run_check(out, folder, "deps", "nccl")
+    assert log.startswith("exit 0"), log[-4000:]
+    assert "installing 1 wheels" in log
+    assert "spare wheels" not in log
+    assert re.search(r"after: +torch \S+ at .* \(unchanged\)", log)
+    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "log.txt", "rows.json", "table.txt"]
+    rows = json.loads((out / "rows.json").read_text())
+    assert [r["test"] for r in rows][:2] == ["dependencies", "dependencies"]
+    assert rows[-1]["path"] == "gd.bench.allreduce, one rank over NCCL"
+    assert "installed: 1 distributions" in (out / "env.txt").read_text()
+    # With no time left every part is "not run", the table still comes, and the exit says so.
+    late = _run_check(tmp_path / "late", folder, "deps", deadline_s=1)
+    assert late.startswith("exit 1"), late[-4000:]
+    table = (tmp_path / "late" / "table.txt").read_text()
+    assert "part deps" in table
+    assert table.rstrip().endswith("0 passed, 0 failed, 0 not applicable, 1 not run")
+
+
+def test_check_offline_refuses_a_torch_wheel(tmp_path: Path) -> None:
+    folder = tmp_path / "wheels"
+    _wheel(folder, "torch", "2.11.0", tag="cp312-cp312-manylinux_2_28_x86_64")
+    log = _run_check(tmp_path / "out", folder, "deps")
+    assert log.startswith("exit 3"), log[-3000:]
+    assert "the machine's own torch stack is never replaced" in log
 
 
 # --- the dry run: the GPU machine's command here, in Python 3.12, offline ----------------------
