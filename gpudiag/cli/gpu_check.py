@@ -57,10 +57,6 @@ class RowSink:
         if self.path is not None:
             write_rows(self.path, self.rows)
 
-    def extend(self, rows: list[CheckRow]) -> None:
-        for row in rows:
-            self.add(row)
-
 
 def write_rows(path: Path, rows: list[CheckRow]) -> None:
     """The rows as a JSON list, replaced in one step (a reader never sees half a file)."""

@@ -119,6 +119,24 @@ def test_a_test_file_that_does_not_import_is_a_row_and_the_others_still_run(
     assert rows["a path that works"].result == PASSED
 
 
+def test_a_conftest_that_does_not_import_is_one_failed_row(tmp_path: Path) -> None:
+    tests = tmp_path / "gpu"
+    tests.mkdir()
+    (tests / "conftest.py").write_text("import not_a_module_the_conftest_needs\n")
+    (tests / "test_fine.py").write_text("def test_fine():\n    pass\n")
+    out = tmp_path / "rows.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpudiag.cli.gpu_check", "--tests", str(tests), "--no-end-to-end",
+         "--json", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    [row] = read_rows(out)
+    assert (row.path, row.result) == (f"pytest on {tests}", FAILED)
+    assert "could not run the GPU tests (exit code 4)" in row.figure
+    assert "not_a_module_the_conftest_needs" in done.stdout + done.stderr
+
+
 def test_a_dependency_row_per_runtime_requirement() -> None:
     import tomllib
 
