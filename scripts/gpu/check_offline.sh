@@ -116,7 +116,11 @@ trap 'say "stopped by a signal"; exit 143' TERM INT
   echo "cpus: $(nproc)"
   echo "checkout: $(git rev-parse --short HEAD 2>/dev/null || echo "no git")"
   echo "python: $(command -v "$PYTHON") $("$PYTHON" -c 'import sys; print(sys.version.split()[0])' 2>&1)"
-  echo "nvidia-smi -L: $(nvidia-smi -L 2>&1 | tr '\n' ';')"
+  if command -v nvidia-smi >/dev/null; then
+    echo "nvidia-smi -L: $(nvidia-smi -L 2>&1 | tr '\n' ';')"
+  else
+    echo "nvidia-smi: not on PATH"
+  fi
 } >"$OUT_DIR/env.txt"
 cat "$OUT_DIR/env.txt"
 
