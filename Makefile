@@ -7,7 +7,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.gpudiag-installed
 
-.PHONY: demo test lint typecheck unit venv bench gpu-check notebooks clean
+.PHONY: demo test lint typecheck unit venv bench gpu-check gpu-wheels gpu-wheels-lock \
+	gpu-dry-run gpu-check-offline notebooks clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +58,27 @@ GPU_PYTHON ?= $(PY)
 gpu-check:
 	@if [ "$(GPU_PYTHON)" = "$(PY)" ]; then $(MAKE) --no-print-directory venv; fi
 	$(GPU_PYTHON) -m gpudiag.cli.gpu_check
+
+# A GPU machine without network (CONTRIBUTING.md, "On a GPU machine"). Here, with network:
+# `make gpu-wheels` fills .gpu-wheels/ (ignored by git; it travels with the checkout) from
+# scripts/gpu/wheels.lock.json; `make gpu-wheels-lock` resolves that lock again after a change
+# of dependencies; `make gpu-dry-run` runs the GPU machine's command here in a Python 3.12 venv
+# that has only what the GPU machine's image has (its cache: bash scripts/gpu/dry_run.sh
+# --fill-cache, once). There: `bash scripts/gpu/check_offline.sh OUT_DIR` (or this target).
+GPU_OUT ?= gpu-check-out
+gpu-wheels-lock: $(STAMP)
+	$(PY) scripts/gpu/wheels.py lock
+
+gpu-wheels: $(STAMP)
+	$(PY) scripts/gpu/wheels.py download
+
+gpu-dry-run: $(STAMP)
+	@test -d .gpu-wheels || $(MAKE) --no-print-directory gpu-wheels
+	$(PY) scripts/gpu/wheels.py check
+	bash scripts/gpu/dry_run.sh $(GPU_OUT)
+
+gpu-check-offline:
+	bash scripts/gpu/check_offline.sh $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

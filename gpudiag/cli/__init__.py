@@ -39,7 +39,29 @@ def _load(name: str) -> ModuleType | None:
     except ModuleNotFoundError as exc:
         if exc.name == f"gpudiag.cli.{name}":
             return None  # not built yet in this version
+        if exc.name and exc.name.partition(".")[0] != "gpudiag":
+            # A dependency is not installed: that subcommand says so when run, the others work.
+            return _unavailable(name, exc.name.partition(".")[0])
         raise
+
+
+def _unavailable(name: str, missing: str) -> ModuleType:
+    """A stand-in subcommand whose run says which package to install."""
+    module = ModuleType(f"gpudiag.cli.{name}")
+    module.__doc__ = f"(unavailable here: needs the Python package {missing!r})"
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.set_defaults(_unavailable=True)  # main() takes any arguments, to say why
+
+    def run(args: argparse.Namespace) -> int:
+        raise GpuDiagError(
+            f"`gpudiag {name}` needs the Python package {missing!r}, which is not installed "
+            f"here: install gpudiag's dependencies (pip install gpudiag, or pip install {missing})"
+        )
+
+    module.add_arguments = add_arguments  # type: ignore[attr-defined]
+    module.run = run  # type: ignore[attr-defined]
+    return module
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "_unavailable", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     module = getattr(args, "_module", None)
     if module is None:
         parser.print_help()

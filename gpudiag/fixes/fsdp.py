@@ -5,7 +5,10 @@
 children of ``nn.ModuleList`` / ``nn.Sequential`` containers holding two or more modules of
 one class, as activation.checkpointing finds them), then to the root module.
 ``reshard_after_forward`` frees each block's gathered parameters after its forward (ZeRO-3;
-False keeps them until the backward, ZeRO-2-like: more memory, one all-gather less).
+False keeps them until the backward, ZeRO-2-like: more memory, one all-gather less). The root
+keeps torch's default (not resharded: the backward needs its parameters at once); torch 2.11
+fails the backward when the root is resharded with a tied embedding in it, as the demo GPT has
+("setStorage: ... out of bounds for storage of size 0"; 2.13 accepts it).
 ``mixed_precision`` sets ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)``.
 
 It needs a process group: inside a torchrun job it applies to each rank's model; from a
@@ -65,14 +68,15 @@ def shard_blocks(model: Any, params: Mapping[str, Any]) -> list[str]:
             f"fsdp.wrap: no module of class {', '.join(classes)} in {type(model).__name__}; "
             "name the class of its repeated blocks (e.g. wrap_classes=['Block'])"
         )
-    kwargs: dict[str, Any] = {"reshard_after_forward": bool(params.get("reshard_after_forward"))}
+    root: dict[str, Any] = {}
     policy = mixed_precision_policy(str(params.get("mixed_precision", "none")))
     if policy is not None:
-        kwargs["mp_policy"] = policy
+        root["mp_policy"] = policy
+    reshard = bool(params.get("reshard_after_forward", True))
     names = [type(b).__name__ for b in blocks]
     for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(block, reshard_after_forward=reshard, **root)
+    fully_shard(model, **root)
     return names
 
 
@@ -137,6 +141,7 @@ class FsdpWrap(FixSpec):
         kwargs = f"reshard_after_forward={bool(params.get('reshard_after_forward', True))}"
         lines = ["from torch.distributed.fsdp import fully_shard"]
         mp = params.get("mixed_precision", "none")
+        root = ""
         if mp != "none":
             dtype = "torch.bfloat16" if mp == "bf16" else "torch.float16"
             lines += [
@@ -144,11 +149,12 @@ class FsdpWrap(FixSpec):
                 f"mp = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)",
             ]
             kwargs += ", mp_policy=mp"
+            root = ", mp_policy=mp"
         return [
             *lines,
             "# after torch.distributed.init_process_group(), before creating the optimizer",
             find,
             "for block in blocks:",
             f"    fully_shard(block, {kwargs})",
-            f"fully_shard(model, {kwargs})",
+            f"fully_shard(model{root})  # the root: not resharded after forward (torch's default)",
         ]

@@ -52,3 +52,28 @@ def test_fsdp_code_is_what_a_training_script_runs() -> None:
     assert "fully_shard(block, reshard_after_forward=False, mp_policy=mp)" in text
     assert "param_dtype=torch.bfloat16, reduce_dtype=torch.float32" in text
     assert "Shards blocks of class Block" in Fix("fsdp.wrap", wrap_classes=["Block"]).describe()
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_the_root_keeps_torchs_default_resharding(
+    monkeypatch: pytest.MonkeyPatch, reshard: bool
+) -> None:
+    """reshard_after_forward goes to the blocks only: torch 2.11's backward fails on a root
+    resharded after forward that holds a tied embedding (the demo GPT's), 2.13's does not."""
+    import torch.distributed.fsdp as fsdp
+
+    from gpudiag.fixes.fsdp import shard_blocks
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(
+        fsdp, "fully_shard", lambda module, **kw: calls.append((type(module).__name__, kw))
+    )
+    wl = workloads.get("gpt", seq_len=16, d_model=32, n_layer=2, vocab_size=64)
+    shard_blocks(wl.model, {"reshard_after_forward": reshard, "mixed_precision": "none"})
+    assert calls == [
+        ("Block", {"reshard_after_forward": reshard}),
+        ("Block", {"reshard_after_forward": reshard}),
+        ("TinyGPT", {}),
+    ]
+    code = Fix("fsdp.wrap", reshard_after_forward=reshard).code()
+    assert code[-1].startswith("fully_shard(model)  # the root")
