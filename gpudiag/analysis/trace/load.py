@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 
-from gpudiag.analysis.costed_ops import COSTED_OPS
+from gpudiag.analysis.costed_ops import is_costed
 from gpudiag.analysis.trace.model import (
     ASYNC_COPY_RUNTIME_NAMES,
     COMM_ANNOTATION,
@@ -250,7 +250,7 @@ def _is_comm(name: str) -> bool:
 
 def _keeps_inputs(name: str) -> bool:
     """Operators whose recorded inputs are kept: costed ones and collective ranges."""
-    return name in COSTED_OPS or _is_comm(name)
+    return is_costed(name) or _is_comm(name)
 
 
 def _loose_event(raw: Any) -> _Event | None:
@@ -457,8 +457,8 @@ class _Columns:
                     or name in ASYNC_COPY_RUNTIME_NAMES
                 ):
                     self.stacks[first_row + i] = a.call_stack
-        costed, seen = COSTED_OPS, self._seen_inputs
-        for i in [i for i, e in enumerate(xs) if e.name in costed or _is_comm(e.name)]:
+        seen = self._seen_inputs
+        for i in [i for i, e in enumerate(xs) if _keeps_inputs(e.name)]:
             a = args[i]
             if a is None or kinds[i] not in (_CPU_OP, _ANNOTATION):
                 continue
