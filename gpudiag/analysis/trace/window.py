@@ -45,8 +45,8 @@ class Window:
     gpu: Bool
     description: str
     excluded_last_step: bool
-    # GPU events launched outside the analysed steps (left out of the window).
-    left_out: int = 0
+    # GPU events queued before the first step (left out of the window).
+    queued_before: int = 0
 
 
 def find_steps(events: Events) -> tuple[Step, ...]:
@@ -108,12 +108,25 @@ def analysis_window(
     if launched.size:
         pos = np.clip(np.searchsorted(launched, corr), 0, launched.size - 1)
         in_gpu[gpu_rows] = launched[pos] == corr
-    chosen = int(np.count_nonzero(in_gpu[gpu_rows]))
-    before = gpu_rows.size - chosen
+    # GPU work queued before the first step (its launch is earlier, or was not recorded:
+    # the profiler started after it) runs at the start of the capture and is left out.
+    out = gpu_rows[~in_gpu[gpu_rows]]
+    before = 0
+    if out.size:
+        host_corr = host & (events.correlation >= 0)
+        corr_rows = np.flatnonzero(host_corr)
+        order = np.argsort(events.correlation[corr_rows], kind="stable")
+        keys, rows_sorted = events.correlation[corr_rows][order], corr_rows[order]
+        pos = np.clip(np.searchsorted(keys, events.correlation[out]), 0, max(keys.size - 1, 0))
+        found = keys.size > 0
+        tied = (keys[pos] == events.correlation[out]) if found else np.zeros(out.size, bool)
+        launch_ts = np.where(tied, ts[rows_sorted[pos]] if found else 0.0, -np.inf)
+        before = int(np.count_nonzero(launch_ts < lo))
     if before:
+        chosen = int(np.count_nonzero(in_gpu[gpu_rows]))
         what += (
-            f"; {chosen:,} of {gpu_rows.size:,} GPU events: the rest were launched outside the "
-            "analysed steps (queued before the first, or by the left-out last step)"
+            f"; {before:,} GPU events queued before the first step (launched earlier, or "
+            f"before the profiler started) are left out, {chosen:,} remain"
         )
     return Window(in_host, in_gpu, what, excluded, before)
 
