@@ -23,7 +23,7 @@ from gpudiag.analysis.trace.breakdown import (
 )
 from gpudiag.analysis.trace.collectives import MIN_MATCHED_CALLS, rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
-from gpudiag.analysis.trace.host_activity import WARMUP, host_rows, inside, spans
+from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
     KernelColumns,
@@ -35,7 +35,14 @@ from gpudiag.analysis.trace.kernels import (
 from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.ledger import LedgerInput, build_ledger
 from gpudiag.analysis.trace.load import load_trace
-from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
+from gpudiag.analysis.trace.model import (
+    I64,
+    LAUNCH_RUNTIME_NAMES,
+    SYNC_RUNTIME_NAMES,
+    Events,
+    Kind,
+    RankTrace,
+)
 from gpudiag.analysis.trace.nesting import nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
@@ -155,7 +162,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
     syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
-    warm = spans(ev, host_rows(ev, WARMUP))
+    warm = spans(ev, warmup_rows(ev))
     if warm[0].size:
         syncs = tuple(
             dataclasses.replace(s, during_warmup=True)
@@ -258,22 +265,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
 
 
-# Launch calls whose kernels a GPU trace records. A trace holding many of them and no kernel
-# at all lost its kernel records: it is not a CPU-only run.
-_LAUNCH_CALLS = frozenset(
-    {
-        "cudaLaunchKernel",
-        "cudaLaunchKernelExC",
-        "cuLaunchKernel",
-        "cuLaunchKernelEx",
-        "cudaLaunchCooperativeKernel",
-        "cudaGraphLaunch",
-        "hipLaunchKernel",
-        "hipExtLaunchKernel",
-        "hipModuleLaunchKernel",
-        "hipGraphLaunch",
-    }
-)
 MISSING_KERNELS_MIN_LAUNCHES = 20
 
 
@@ -283,7 +274,7 @@ def kernels_not_recorded(trace: RankTrace) -> str | None:
     ev = trace.events
     if (ev.kind == Kind.KERNEL).any():
         return None
-    ids = np.array([i for i, n in enumerate(ev.names) if n in _LAUNCH_CALLS], dtype=np.int32)
+    ids = np.array([i for i, n in enumerate(ev.names) if n in LAUNCH_RUNTIME_NAMES], dtype=np.int32)
     launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, ids)))
     if launches < MISSING_KERNELS_MIN_LAUNCHES:
         return None

@@ -13,7 +13,15 @@ import re
 import numpy as np
 
 from gpudiag.analysis.trace.intervals import merge
-from gpudiag.analysis.trace.model import DATALOADER_PREFIX, F64, I32, I64, Events, Kind
+from gpudiag.analysis.trace.model import (
+    DATALOADER_PREFIX,
+    F64,
+    I32,
+    I64,
+    LAUNCH_RUNTIME_NAMES,
+    Events,
+    Kind,
+)
 
 # torch.compile (Dynamo, AOTAutograd, Inductor, Triton's compiler and autotuner), CUDA/HIP
 # graph capture, lazy module loading and allocator growth, and ranges the user named a
@@ -74,3 +82,34 @@ def inside(spans_: tuple[F64, F64], start: float, end: float) -> bool:
     starts, ends = spans_
     i = int(np.searchsorted(starts, start, side="right")) - 1
     return i >= 0 and end <= float(ends[i])
+
+
+# A launch call takes microseconds; the first launch of a kernel that takes a millisecond or
+# more is loading the kernel's module (CUDA's lazy loading, HIP's code objects): warm-up. A
+# later long launch is the launch queue being full (the host far ahead), not warm-up.
+LAZY_LOAD_US = 1000.0
+_KERNEL_LAUNCHES = LAUNCH_RUNTIME_NAMES - {"cudaGraphLaunch", "hipGraphLaunch"}
+
+
+def _first_launches_loading(events: Events) -> I64:
+    """Launch calls of at least LAZY_LOAD_US whose kernel runs for the first time."""
+    ids = np.array([i for i, n in enumerate(events.names) if n in _KERNEL_LAUNCHES], dtype=np.int32)
+    slow = np.flatnonzero(
+        (events.kind == Kind.RUNTIME)
+        & np.isin(events.name, ids)
+        & (events.dur >= LAZY_LOAD_US)
+        & (events.correlation >= 0)
+    )
+    if slow.size == 0:
+        return slow
+    kernels = np.flatnonzero(events.kind == Kind.KERNEL)
+    kernels = kernels[np.argsort(events.ts[kernels], kind="stable")]
+    _, first = np.unique(events.name[kernels], return_index=True)
+    firsts = events.correlation[kernels[first]]
+    return slow[np.isin(events.correlation[slow], firsts[firsts >= 0])]
+
+
+def warmup_rows(events: Events) -> I64:
+    """Host events of compilation, graph capture and lazy initialisation: the ``WARMUP``
+    names, and a kernel's first launch when it is long enough to be loading its module."""
+    return np.union1d(host_rows(events, WARMUP), _first_launches_loading(events))

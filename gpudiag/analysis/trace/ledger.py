@@ -10,12 +10,12 @@ kernel, memcpy or memset of the window runs) or idle, and lands on one row:
   tensor-core use the name cannot tell, memory-bound work, other), then memcpy / memset;
   where kernels of several kinds overlap, the first of that order takes the instant.
 - idle, by what the host was doing meanwhile (``host_activity``): compilation, graph capture
-  or warm-up; waiting on the DataLoader; blocked in a sync (a sync call, ``.item()``, a copy
-  that blocks on pageable memory); queued work waiting on a dependency (the next GPU work was
-  launched before the GPU went idle, and the gap is over 30 us); waiting for another rank;
-  launch overhead (gaps under 100 us between launches); CPU operator and Python overhead
-  (the host in an operator, a Python frame or its step, doing none of the above); and
-  unexplained, where no host event covers the instant.
+  or warm-up (lazy module loading on a kernel's first launch too); waiting on the DataLoader;
+  blocked in a sync (a sync call, ``.item()``, a copy that blocks on pageable memory); queued
+  work waiting on a dependency (the next GPU work was launched before the GPU went idle, and
+  the gap is over 30 us); waiting for another rank; launch overhead (gaps under 100 us between
+  launches); CPU operator and Python overhead (the host in an operator, a Python frame or its
+  step, doing none of the above); and unexplained, where no host event covers the instant.
 
 Busy time is the union of the window's GPU events, as Holistic Trace Analysis and TraceLens
 count it; the idle rows are the window minus it, so the rows sum to the window.
@@ -35,9 +35,9 @@ from gpudiag.analysis.trace.breakdown import KERNEL_WAIT_US
 from gpudiag.analysis.trace.host_activity import (
     DATALOADER,
     PEER_WAIT,
-    WARMUP,
     host_rows,
     spans,
+    warmup_rows,
 )
 from gpudiag.analysis.trace.intervals import (
     intersect,
@@ -347,7 +347,8 @@ def _classes(ev: Events, rows: I64, op_dtypes: np.ndarray, eager: frozenset[int]
         named = np.array([_bucket_of(ev.names[int(i)], None) for i in ids.tolist()], dtype=object)
         out[kernel] = named[inv]
         on_tensor_cores = np.array([str(b).startswith(GEMM_TENSOR_CORES) for b in named])
-        typed = kernel[on_tensor_cores[inv] & np.not_equal(op_dtypes[kernel], None)]
+        has_dtype = np.array([d is not None for d in op_dtypes[kernel].tolist()], dtype=bool)
+        typed = kernel[on_tensor_cores[inv] & has_dtype]
         for i in typed.tolist():
             out[i] = _bucket_of(ev.names[int(ev.name[rows[i]])], op_dtypes[i])
     if eager:
@@ -449,7 +450,7 @@ def _idle(
     )
     on_threads = is_host & np.isin(ev.thread, threads) if threads.size else is_host
 
-    warm = host_rows(ev, WARMUP)
+    warm = warmup_rows(ev)
     loader = host_rows(ev, DATALOADER)
     peer = host_rows(ev, PEER_WAIT)
     sync_s = np.array([s.start_us for s in inp.syncs])

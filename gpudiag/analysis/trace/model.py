@@ -269,6 +269,21 @@ ASYNC_COPY_RUNTIME_NAMES: frozenset[str] = frozenset(
         "hipMemcpyHtoDAsync",
     }
 )
+# Host calls that launch GPU work (a kernel, or a CUDA/HIP graph's kernels).
+LAUNCH_RUNTIME_NAMES: frozenset[str] = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaGraphLaunch",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipGraphLaunch",
+    }
+)
 # ATen operators that copy a GPU scalar to the host (``.item()``, ``bool(t)``, ``int(t)``).
 SYNC_OP_NAMES: frozenset[str] = frozenset({"aten::_local_scalar_dense"})
 STEP_PREFIX = "ProfilerStep#"

@@ -271,3 +271,14 @@ def test_a_trace_without_gpu_work_has_an_empty_ledger(traces_dir: Path) -> None:
     assert isinstance(ledger, Ledger)
     assert ledger.window_us == 0
     assert ledger.rows == ()
+
+
+def test_a_kernel_s_first_launch_that_loads_its_module_is_warm_up(report_of: Report) -> None:
+    # The MI250 toy trace profiles its first step: one hipLaunchKernel takes 6.5 ms loading
+    # the kernel's code object while the GPU idles. A later long launch (the launch queue full,
+    # 37 ms in a step of the A100 DLRM trace) is not warm-up.
+    toy = report_of("hta-amd_trace-mi250_minitoy_train_ROCm6_2_kineto.json.gz").ledger()
+    assert toy.rows[0].bucket == WARMUP_IDLE
+    assert toy.rows[0].host_events[0][0] == "hipLaunchKernel"
+    assert toy.share(WARMUP_IDLE) > 0.7
+    assert report_of(DLRM_A100).ledger().us(WARMUP_IDLE) == 0.0
