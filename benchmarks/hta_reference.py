@@ -1,6 +1,6 @@
 """Record Holistic Trace Analysis' numbers on the trace fixtures, for the agreement test.
 
-    .venv-peers/bin/python benchmarks/hta_reference.py [--fixtures DIR] [--write]
+    .venv-peers/bin/python benchmarks/hta_reference.py [--fixtures DIR] [--write] [--temporal]
 
 Runs in the peer virtualenv (``benchmarks/requirements-peers.txt``), not in the project's:
 it imports ``hta`` and never ``gpudiag``. Without ``--write`` it prints the numbers; with it,
@@ -35,6 +35,9 @@ os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURES = REPO / "tests" / "fixtures" / "traces"
 OUT = REPO / "tests" / "analysis" / "trace" / "data" / "hta_reference.json"
+# HTA's temporal breakdown of every fixture it reads (multi-rank folders too), per rank: what
+# the time ledger's busy and idle time are compared with (--temporal).
+TEMPORAL_OUT = REPO / "tests" / "analysis" / "trace" / "data" / "hta_temporal.json"
 TOP_KERNELS = 40
 
 
@@ -84,10 +87,37 @@ def reference(path: Path) -> dict:
     }
 
 
+def temporal(path: Path) -> list[dict[str, float]] | str:
+    """HTA's temporal breakdown of a trace file or a folder of ranks, one row per rank, or
+    the error HTA raised reading it."""
+    from hta.trace_analysis import TraceAnalysis
+
+    try:
+        ta = TraceAnalysis(trace_dir=str(path)) if path.is_dir() else _analysis(path)
+        tb = ta.get_temporal_breakdown(visualize=False)
+    except Exception as exc:  # HTA cannot read every real trace: record why
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+    return [
+        {
+            "rank": int(tb.loc[i, "rank"]),
+            "idle_us": float(tb.loc[i, "idle_time(us)"]),
+            "compute_us": float(tb.loc[i, "compute_time(us)"]),
+            "non_compute_us": float(tb.loc[i, "non_compute_time(us)"]),
+            "span_us": float(tb.loc[i, "kernel_time(us)"]),
+        }
+        for i in tb.index
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES)
     parser.add_argument("--write", action="store_true", help=f"rewrite {OUT.relative_to(REPO)}")
+    parser.add_argument(
+        "--temporal",
+        action="store_true",
+        help=f"write HTA's temporal breakdown of every fixture to {TEMPORAL_OUT.relative_to(REPO)}",
+    )
     args = parser.parse_args(argv)
     try:
         import hta  # noqa: F401
@@ -111,6 +141,19 @@ def main(argv: list[str] | None = None) -> int:
         "consecutive_kernel_delay=30",
         "fixtures": {},
     }
+    if args.temporal:
+        paths = sorted(args.fixtures.glob("*.json.gz")) + sorted(
+            d for d in args.fixtures.iterdir() if d.is_dir() and any(d.glob("*.json*"))
+        )
+        found = {p.name: temporal(p) for p in paths}
+        for name, rows in found.items():
+            print(f"{name[:60]:<60} {rows if isinstance(rows, str) else len(rows)} rank(s)")
+        TEMPORAL_OUT.write_text(
+            json.dumps({"tool": out["tool"], "options": out["options"], "fixtures": found},
+                       indent=1, sort_keys=True) + "\n"
+        )  # fmt: skip
+        print(f"wrote {TEMPORAL_OUT.relative_to(REPO)}")
+        return 0
     for path in sorted(args.fixtures.glob("*.json.gz")):
         ref = reference(path)
         out["fixtures"][path.name] = ref

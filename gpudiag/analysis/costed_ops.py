@@ -6,6 +6,8 @@ no others; both read the names from here.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable
 
 MATMUL_OPS: frozenset[str] = frozenset(
@@ -33,6 +35,26 @@ ATTENTION_OPS: frozenset[str] = frozenset(
     }
 )
 COSTED_OPS: frozenset[str] = MATMUL_OPS | CONV_OPS | ATTENTION_OPS
+# A custom operator (a C++/CUDA extension's, registered as ``namespace::name``) named like a
+# matrix product: its two matrix inputs give its FLOPs, so a user's own GEMM kernel can be
+# set against the roof too. PyTorch's own namespaces are not custom.
+_CUSTOM_MATMUL = re.compile(
+    r"^(?!(?:aten|prim|c10d|_c10d_functional|profiler|autograd|cuda|torch|inductor|"
+    r"quantized)::)[A-Za-z_]\w{0,39}::\w*(?:mm|matmul|gemm|gemv)\w*$",
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_matmul(name: str) -> bool:
+    """PyTorch's matrix products, and custom operators named like one."""
+    return name in MATMUL_OPS or _CUSTOM_MATMUL.match(name) is not None
+
+
+def is_costed(name: str) -> bool:
+    """Whether an operator's work follows from its input shapes (the trace keeps them)."""
+    return name in COSTED_OPS or is_matmul(name)
+
 
 # Kineto's "Input type" spellings (lower-cased) -> short dtype names.
 DTYPE_NAMES: dict[str, str] = {

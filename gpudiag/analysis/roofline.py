@@ -25,10 +25,10 @@ from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag.analysis.costed_ops import (
     ATTENTION_OPS,
     CONV_OPS,
-    COSTED_OPS,
     DTYPE_BYTES,
-    MATMUL_OPS,
     dtype_of,
+    is_costed,
+    is_matmul,
 )
 from gpudiag.errors import GpuDiagError
 
@@ -434,7 +434,7 @@ def op_point(op: Any, *, default_dtype: str | None = None) -> RooflinePoint:
     # A record may know the dtype the work ran in better than its input types (autocast,
     # fp32 matmuls that ran as TF32): ``compute_dtype`` then wins.
     dtype = _field(op, "compute_dtype") or dtype_of(types, default_dtype)
-    if name in MATMUL_OPS:
+    if is_matmul(name):
         flops, outputs, operands = _matmul_work(name, shapes)
     elif name in CONV_OPS:
         flops, outputs, operands = _conv_work(shapes, concrete)
@@ -457,7 +457,7 @@ def points_from_ops(
     Returns (points, skipped) where skipped lists (name, reason) for matmul-, conv- and
     attention-like ops that could not be costed; other ops are ignored silently.
     """
-    candidates = [op for op in ops if str(_field(op, "name") or "") in COSTED_OPS]
+    candidates = [op for op in ops if is_costed(str(_field(op, "name") or ""))]
     points: list[RooflinePoint] = []
     skipped: list[tuple[str, str]] = []
     for op in _outermost(candidates):

@@ -180,6 +180,9 @@ def run_one_process(args: argparse.Namespace) -> int:
             "a demo, `--trace FILE` reads your own torch.profiler trace, and `%%gpudiag doctor` "
             "in a notebook profiles the cell's training step."
         )
+    if diagnosis.trace is not None and diagnosis.trace.has_gpu_events:
+        # Where the step's time goes opens the report, as it opens the notebook's card.
+        print("\n".join(diagnosis.trace.ledger().lines()) + "\n")
     print(diagnosis)
     return 0
 

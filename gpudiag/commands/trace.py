@@ -1,4 +1,4 @@
-"""Analyse torch.profiler / Kineto traces: GPU time breakdown, kernels, syncs, per rank."""
+"""Analyse torch.profiler / Kineto traces: the time ledger, kernels, syncs, per rank."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = analyze_trace(args.files, include_last_step=args.include_last_step)
     if args.json:
-        data = report.to_dict()
+        data = report.to_dict()  # its "ledger" is where the time goes, row by row
         data["collectives"] = report.collectives().to_dict()
         print(json.dumps(data, indent=2))
         return 0
+    if report.has_gpu_events:
+        # Where the time goes opens the report: every microsecond of the window on one row.
+        print("\n".join(report.ledger().lines()) + "\n")
     print(report)
     kernels = report.top_kernels(args.top)
     if kernels:

@@ -10,6 +10,7 @@ from gpudiag import _views
 
 _FIGURES = {
     "gpudiag.analysis.roofline.Roofline": "gpudiag.plots.roofline:roofline_figure",
+    "gpudiag.analysis.trace.ledger.Ledger": "gpudiag.plots.ledger:ledger_figure",
     "gpudiag.analysis.nccl.CollectiveResult": "gpudiag.plots.bench:collective_results_figure",
     "gpudiag.bench.gemm.MatmulResult": "gpudiag.plots.bench:matmul_figure",
     "gpudiag.bench.memory.BandwidthResult": "gpudiag.plots.bench:bandwidth_figure",

@@ -228,8 +228,11 @@ def _share_bar(fig: Any, row: str, label: str, us: float, total_us: float, color
 
 
 def step_time_figure(report: TraceReport, rank: int | None = None) -> Any:
-    """Where the step's time goes: the GPU time breakdown when the trace has GPU events, the
-    host step's phases and operators otherwise (a CPU run)."""
+    """Where the step's time goes: the time ledger (every microsecond of the window, busy and
+    idle, largest first) when the trace has GPU events, the host step's phases and operators
+    otherwise (a CPU run)."""
     if report.has_gpu_events:
-        return breakdown_figure(report, rank)
+        from gpudiag.plots.ledger import ledger_figure
+
+        return ledger_figure(report.ledger(rank))
     return cpu_step_figure(report, rank)

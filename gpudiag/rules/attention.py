@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from gpudiag.analysis.trace.ledger import (
+    ATTENTION_EAGER,
+    GEMM_CUDA_CORES,
+    GEMM_TENSOR_CORES,
+    GEMM_UNKNOWN_UNITS,
+    MEMORY_BOUND_WORK,
+)
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import span_us, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, severity_for_gain
@@ -20,6 +28,20 @@ MATH_SHARE = 0.05  # of step time (of the outermost operator's time without step
 # on a 2-core CPU for a small GPT at sequence 1024 (SDPA flash vs math-path attention: the
 # whole step 2.96-3.12x faster; benchmarks/compare_demo.py).
 _FUSED_SAVING = 0.5
+
+_FUSED_SOURCE = (
+    "a conservative estimate: gd.compare measured SDPA flash vs math-path attention on a "
+    "small GPT at sequence 1024 at 2.96-3.12x for the whole step (benchmarks/compare_demo.py)"
+)
+# Where eager attention's time lies in the ledger: its own row (the forward and the softmax
+# backward), and the GEMM rows that hold its products' backward.
+_ATTENTION_ROWS = (
+    ATTENTION_EAGER,
+    GEMM_TENSOR_CORES + ".",
+    GEMM_CUDA_CORES,
+    GEMM_UNKNOWN_UNITS,
+    MEMORY_BOUND_WORK,
+)
 
 _MATH_OP = "aten::_scaled_dot_product_attention_math"
 
@@ -43,6 +65,10 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     src = trace_source(trace)
     gain = share * _FUSED_SAVING
+    found = None
+    if use.math_calls and use.timed_on == "gpu":
+        found = claim(trace, _ATTENTION_ROWS[1:], _FUSED_SAVING, _FUSED_SOURCE, use.math_us)
+        gain = found.gain if found is not None else gain
     yield Finding(
         "attention.sdpa_math_fallback",
         severity_for_gain(gain),
@@ -54,12 +80,14 @@ def sdpa_math_fallback(evidence: EvidenceBundle) -> Iterator[Finding]:
                 _MATH_OP, round(math[0].total_us / 1e3, 2), f"ms in {math[0].count} calls", src
             ),
             Evidence("share of step time", round(100 * share, 1), "%", src),
+            *(found.evidence(src) if found is not None else ()),
         ),
         threshold=f"{_MATH_OP} >= {MATH_SHARE:.0%} of step time",
         fix=FixRef("attention.backend", {"backend": "flash"}),
         instruction="force a backend with torch.nn.attention.sdpa_kernel to see why it is "
         "refused (the warning names the reason); fp16/bf16 and head size <= 256 suit flash",
         estimated_gain=gain,
+        claims=tuple(r.rstrip(".") for r in _ATTENTION_ROWS[1:]) if found is not None else (),
     )
 
 
@@ -91,6 +119,10 @@ def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     gain = share * _FUSED_SAVING
     src = trace_source(trace)
+    found = None
+    if use.timed_on == "gpu":
+        found = claim(trace, _ATTENTION_ROWS, _FUSED_SAVING, _FUSED_SOURCE, use.eager_us)
+        gain = found.gain if found is not None else gain
     what = "kernel time" if use.timed_on == "gpu" else "operator time (CPU-only trace)"
     items = [
         Evidence("eager attention calls", use.eager_calls, "", src),
@@ -104,6 +136,7 @@ def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
             src,
         ),
         Evidence("share of the run", round(100 * share, 1), "%", src),
+        *(found.evidence(src) if found is not None else ()),
     ]
     if use.fused_calls:
         items.append(
@@ -128,4 +161,5 @@ def eager_attention(evidence: EvidenceBundle) -> Iterator[Finding]:
         'a Hugging Face model: from_pretrained(..., attn_implementation="sdpa") (or '
         '"flash_attention_2" with flash-attn installed)',
         estimated_gain=gain,
+        claims=tuple(r.rstrip(".") for r in _ATTENTION_ROWS) if found is not None else (),
     )

@@ -18,7 +18,9 @@ from gpudiag.analysis.trace.collectives import (
     STRAGGLER_HOLD_SHARE,
     TOGETHER_SHARE,
 )
+from gpudiag.analysis.trace.ledger import COMM_EXPOSED
 from gpudiag.analysis.trace.ranks import CommOverlap
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, severity_for_gain
@@ -78,6 +80,11 @@ _OVERLAP_ADVICE = {
 # Without a recorded collective to go by: the data-parallel advice (DDP, then FSDP).
 _GENERIC_ADVICE = f"{_OVERLAP_ADVICE['all_reduce']}; {_OVERLAP_ADVICE['all_gather']}"
 ADVICE_SHARE = 0.25  # a collective with this share of the calls' time gets its advice
+_OVERLAP_REMOVE = 1.0
+_OVERLAP_SOURCE = (
+    "an upper bound: overlap (DDP bucketing, FSDP prefetch) hides communication behind "
+    "compute, at best all of its exposed part"
+)
 WAITING_DOMINATES = 0.5  # waiting for late ranks is most of the communication time
 
 
@@ -140,6 +147,7 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
         "GPU only communicates"
     )
     gain = exposed
+    claimed_us = comm.exposed_us
     instruction = f"{advice}; check the interconnect with gd.bench.allreduce"
     if len(trace.ranks) > 1 and comm.total_us > 0:
         report = trace.collectives()
@@ -169,10 +177,15 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
                 "exposed transfer"
             )
             gain = transfer
+            claimed_us = transfer * comm.span_us
             instruction = (
                 "most of it is waiting: make the late ranks start on time first"
                 f"{who}; then {instruction}"
             )
+    found = claim(trace, (COMM_EXPOSED,), _OVERLAP_REMOVE, _OVERLAP_SOURCE, claimed_us)
+    if found is not None:
+        gain = found.gain
+        items += found.evidence(src)
     yield Finding(
         "comm.exposed",
         severity_for_gain(gain),
@@ -184,6 +197,7 @@ def exposed_communication(evidence: EvidenceBundle) -> Iterator[Finding]:
         "is not waiting for late ranks (high from 10 %)",
         instruction=instruction,
         estimated_gain=gain,
+        claims=(COMM_EXPOSED,) if found is not None else (),
     )
 
 

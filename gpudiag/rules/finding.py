@@ -90,6 +90,9 @@ class Finding:
     instruction: str = ""
     estimated_gain: float | None = None  # fraction of step time the fix could save, when known
     rule: str = ""
+    # The time-ledger rows the finding is a claim on (its gain is their time x the share its
+    # fix can remove; see gpudiag.rules._claims).
+    claims: tuple[str, ...] = ()
 
     @property
     def gain_text(self) -> str:
@@ -117,6 +120,7 @@ class Finding:
             "instruction": self.instruction,
             "estimated_gain": self.estimated_gain,
             "rule": self.rule,
+            "claims": list(self.claims),
         }
 
     def lines(self) -> list[str]:

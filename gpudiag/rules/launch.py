@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from gpudiag.analysis.trace.launches import LAUNCH_BOUND_SHARE, LAUNCH_GAP_US
+from gpudiag.analysis.trace.ledger import CPU_IDLE, LAUNCH_IDLE
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
@@ -32,25 +34,31 @@ def _pooled_launches(trace: TraceReport) -> tuple[list[tuple[int, LaunchStats, f
     return rows, (short / spans if spans > 0 else 0.0)
 
 
+_LAUNCH_REMOVE = 1.0
+_LAUNCH_SOURCE = (
+    "an upper bound: CUDA graphs (torch.compile mode='reduce-overhead', or cuda.graphs) launch "
+    "the step's kernels as one graph, so the host no longer launches each of them"
+)
+
+
 @rule("launch.launch_bound", category=CATEGORY, needs=("gpu_trace",))
 def launch_bound(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """Many short kernels, with the GPU idle in short gaps while the host launches the next."""
+    """Many short kernels, with the GPU idle in short gaps while the host launches the next:
+    the time ledger's launch-overhead row at 15 % of the profiled time or more."""
     trace = evidence.trace_report
-    if len(trace.ranks) > 1:
-        yield from _launch_bound_ranks(trace)
-        return
-    stats = trace.launch_stats()
-    if stats is None or not stats.launch_bound:
+    found = claim(trace, (LAUNCH_IDLE,), _LAUNCH_REMOVE, _LAUNCH_SOURCE)
+    if found is None or found.row_share < LAUNCH_BOUND_SHARE:
         return
     src = trace_source(trace)
-    gain = stats.short_host_wait_share
-    yield Finding(
-        "launch.launch_bound",
-        severity_for_gain(gain) if gain is not None else Severity.MEDIUM,
-        CATEGORY,
-        f"launch-bound: {stats.short_kernels} of {stats.kernels} kernels run under 10 us and the "
-        "GPU waits on the host between them",
-        (
+    rows, _ = _pooled_launches(trace)
+    n = len(rows)
+    kernels = sum(st.kernels for _, st, _ in rows)
+    short = sum(st.short_kernels for _, st, _ in rows)
+    items = list(found.evidence(src))
+    what = f"launch-bound: {short} of {kernels} kernels run under 10 us"
+    if n == 1:
+        stats = rows[0][1]
+        items += [
             Evidence("median kernel time", stats.median_kernel_us, "us", src),
             Evidence(
                 "GPU waiting on the host",
@@ -58,13 +66,44 @@ def launch_bound(evidence: EvidenceBundle) -> Iterator[Finding]:
                 "% of span",
                 src,
             ),
-            Evidence("of it in gaps < 100 us", round(100 * (gain or 0.0), 1), "% of span", src),
             Evidence("mean launch call", stats.launch_call_mean_us, "us", src),
-        ),
-        threshold="the trace analysis' launch-bound test: " + stats.reason,
+        ]
+    elif n > 1:
+        bound = [rank for rank, st, _ in rows if st.launch_bound]
+        medians = sorted(st.median_kernel_us for _, st, _ in rows if st.median_kernel_us)
+        calls = [st.launch_call_mean_us for _, st, _ in rows if st.launch_call_mean_us]
+        items += [
+            Evidence(
+                f"median kernel time, median of {n} ranks",
+                medians[len(medians) // 2] if medians else None,
+                "us",
+                src,
+            ),
+            Evidence(
+                f"mean launch call, mean of {n} ranks",
+                round(sum(calls) / len(calls), 2) if calls else None,
+                "us",
+                src,
+            ),
+            Evidence("launch-bound ranks", len(bound), f"of {n}", src),
+        ]
+        what = (
+            f"launch-bound on {len(bound)} of {n} ranks: {short} of {kernels} kernels ({n} "
+            "ranks summed) run under 10 us"
+        )
+    yield Finding(
+        "launch.launch_bound",
+        severity_for_gain(found.gain),
+        CATEGORY,
+        f"{what} and the GPU idles {found.row_share:.0%} of the time in short gaps while the "
+        "host launches the next",
+        tuple(items),
+        threshold=f"the time ledger's launch-overhead row (idle gaps under {LAUNCH_GAP_US:.0f} "
+        f"us between launches) >= {LAUNCH_BOUND_SHARE:.0%} of the profiled time",
         fix=FixRef("compile", {"mode": "reduce-overhead"}),
         instruction=_LAUNCH_FIX,
-        estimated_gain=gain,
+        estimated_gain=found.gain,
+        claims=(LAUNCH_IDLE,),
     )
 
 
@@ -73,60 +112,56 @@ _LAUNCH_FIX = (
     "capture the step with cuda.graphs); a larger batch also amortises launches"
 )
 
+CPU_BOUND_SHARE = 0.10  # of the profiled time: the host's own work leaves the GPU idle
+_CPU_REMOVE = 0.5
+_CPU_SOURCE = (
+    "an estimate: a CUDA graph (torch.compile mode='reduce-overhead') replays the step's "
+    "kernels without the operators' and Python's host work between them; what the step does "
+    "outside the graph stays"
+)
 
-def _launch_bound_ranks(trace: TraceReport) -> Iterator[Finding]:
-    """The launch-bound test over every rank: counts summed, shares over the summed spans."""
-    rows, gain = _pooled_launches(trace)
-    bound = [rank for rank, st, _ in rows if st.launch_bound]
-    if not rows or gain < LAUNCH_BOUND_SHARE:
+
+@rule("launch.cpu_overhead", category=CATEGORY, needs=("gpu_trace",))
+def cpu_overhead(evidence: EvidenceBundle) -> Iterator[Finding]:
+    """The GPU idles while the host runs operators and Python (not launches, syncs or data
+    loading): the time ledger's CPU-overhead row at 10 % of the profiled time or more."""
+    trace = evidence.trace_report
+    found = claim(trace, (CPU_IDLE,), _CPU_REMOVE, _CPU_SOURCE)
+    if found is None or found.row_share < CPU_BOUND_SHARE:
         return
     src = trace_source(trace)
-    n = len(rows)
-    kernels = sum(st.kernels for _, st, _ in rows)
-    short = sum(st.short_kernels for _, st, _ in rows)
-    spans = sum(span for _, _, span in rows)
-    host = sum((st.host_wait_share or 0.0) * span for _, st, span in rows) / spans
-    medians = sorted(st.median_kernel_us for _, st, _ in rows if st.median_kernel_us is not None)
-    calls = [st.launch_call_mean_us for _, st, _ in rows if st.launch_call_mean_us is not None]
-    items = [
-        Evidence(
-            f"median kernel time, median of {n} ranks",
-            medians[len(medians) // 2] if medians else None,
-            "us",
-            src,
-        ),
-        Evidence(
-            f"GPU waiting on the host ({n} ranks pooled)", round(100 * host, 1), "% of span", src
-        ),
-        Evidence(
-            f"of it in gaps < 100 us ({n} ranks pooled)", round(100 * gain, 1), "% of span", src
-        ),
-        Evidence(
-            f"mean launch call, mean of {n} ranks",
-            round(sum(calls) / len(calls), 2) if calls else None,
-            "us",
-            src,
-        ),
-        Evidence("launch-bound ranks", len(bound), f"of {n}", src),
+    row = trace.ledger().row(CPU_IDLE)
+    behind = row.host_events if row is not None else ()
+    items = list(found.evidence(src))
+    items += [
+        Evidence(f"of it in {name} (not in its child operators)", round(us / 1e3, 2), "ms", src)
+        for name, us in behind[:3]
     ]
+    where = f", most of it in {behind[0][0]}" if behind else ""
     yield Finding(
-        "launch.launch_bound",
-        severity_for_gain(gain),
+        "host.cpu_bound",
+        severity_for_gain(found.gain),
         CATEGORY,
-        f"launch-bound on {len(bound)} of {n} ranks: {short} of {kernels} kernels ({n} ranks "
-        "summed) run under 10 us and the GPU waits on the host between them",
+        f"the GPU idles {found.row_share:.0%} of the time while the host runs operators and "
+        f"Python{where}: the step is CPU-bound",
         tuple(items),
-        threshold=f"the trace analysis' launch-bound test over the ranks pooled: host-wait gaps "
-        f"under {LAUNCH_GAP_US:.0f} us >= {LAUNCH_BOUND_SHARE:.0%} of the summed spans",
+        threshold=f"the time ledger's 'CPU operator and Python overhead' row >= "
+        f"{CPU_BOUND_SHARE:.0%} of the profiled time (GPU idle, the host in its operators or "
+        "Python, not in a launch gap, a sync, the DataLoader or a warm-up)",
         fix=FixRef("compile", {"mode": "reduce-overhead"}),
-        instruction=_LAUNCH_FIX,
-        estimated_gain=gain,
+        instruction="capture the step as a CUDA graph (torch.compile mode='reduce-overhead', "
+        "or cuda.graphs) so the host work between kernels drops out; move per-step Python "
+        "(logging, metric bookkeeping, tensor creation) out of the step; a larger batch gives "
+        "the GPU more work per host operation",
+        estimated_gain=found.gain,
+        claims=(CPU_IDLE,),
     )
 
 
 @rule("launch.low_utilization", category="utilization", needs=("gpu_trace",))
 def low_utilization(evidence: EvidenceBundle) -> Iterator[Finding]:
-    """The GPU computes for less than half of the profiled time."""
+    """The GPU computes for less than half of the profiled time (information: the time
+    ledger's idle rows say why, and each of those has its own finding and gain)."""
     trace = evidence.trace_report
     b = trace.time_breakdown()
     span = b.get("span_us") or 0.0
@@ -151,9 +186,11 @@ def low_utilization(evidence: EvidenceBundle) -> Iterator[Finding]:
             "counts too: profile with a schedule and prof.step() to measure the steps; "
             + instruction
         )
+    ledger = trace.ledger()
+    idle_rows = [r for r in ledger.rows if r.kind == "idle"][:3] if ledger.window_us else []
     yield Finding(
         "gpu.low_utilization",
-        Severity.MEDIUM if stepped else Severity.LOW,
+        Severity.INFO,
         "utilization",
         f"the GPU runs kernels {busy:.0%} of the profiled time; it waits on the host {host:.0%}"
         + ("" if stepped else " (whole capture: no step ranges)"),
@@ -167,9 +204,15 @@ def low_utilization(evidence: EvidenceBundle) -> Iterator[Finding]:
             Evidence(f"idle waiting on the host{scope}", round(100 * host, 1), "% of span", src),
             *_span_evidence(trace, span, src),
             Evidence("profiler steps", len(trace.steps()), source=src),
+            *(
+                Evidence(
+                    f"time ledger: {r.label}", round(100 * r.us / ledger.window_us, 1), "%", src
+                )
+                for r in idle_rows
+            ),
         ),
         threshold=f"compute + communication < {LOW_UTILIZATION:.0%} of the profiled span "
-        "(medium over profiler steps, low over a capture without steps)",
+        "(information: the idle rows of the time ledger carry the gains)",
         instruction=instruction,
     )
 

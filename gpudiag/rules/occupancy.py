@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
+from gpudiag.analysis.trace.kernel_classes import (
+    ATTENTION,
+    COMMUNICATION,
+    GEMM,
+    classify_kernel,
+)
 from gpudiag.rules._facts import trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, Severity
@@ -14,24 +19,11 @@ CATEGORY = "occupancy"
 HOT_SHARE = 0.05  # of all kernel time
 LOW_OCCUPANCY = 0.25
 # Library kernels pick big tiles, persistent grids, warp specialisation and many registers on
-# purpose (cuBLAS/cuBLASLt nvjet, CUTLASS, cuDNN, flash/fused attention, AMD Tensile,
-# hipBLASLt, Composable Kernel, aiter), and PyTorch's own ATen kernels are not the user's to
-# relaunch: block-size advice for them is noise. Occupancy advice is for the user's own CUDA
-# kernels and Triton kernels (names as the profiler records them, mangled ones included), and
-# not for matrix products among them (Triton matmuls keep few warps on purpose, like cuBLAS).
-_LIBRARY = re.compile(
-    r"gemm|gemv|matmul|cudnn|cutlass|xmma|cublas|nvjet|nccl|rccl|flash|fmha|attn|attention|"
-    r"sm\d{2,3}a?_|volta_|turing_|ampere_|hopper_|blackwell_|Cijk_|tensile|hipblaslt|rocblas|"
-    r"miopen|ck_tile|ck::|aiter|deep_?gemm|marlin|flashinfer|cufft|fft\d|cusparse|cusolver|"
-    r"curand|magma|transformer_engine|"
-    r"at::|at6native|c10::|cub::|thrust::|cunn_|softmax_warp|triton_tem_",
-    re.I,
-)
-
-
-def is_library_kernel(name: str) -> bool:
-    """Whether a kernel comes from a tuned library or PyTorch itself, not the user's code."""
-    return _LIBRARY.search(name) is not None
+# purpose, and PyTorch's own ATen kernels are not the user's to relaunch: block-size advice
+# for them is noise. Whose kernel it is comes from the one kernel classifier
+# (``kernel_classes.is_library_kernel``), and matrix products, attention and communication
+# are left out even among the user's (Triton matmuls keep few warps on purpose, like cuBLAS).
+_NOT_ADVISED_WORK = frozenset({GEMM, ATTENTION, COMMUNICATION})
 
 
 def _is_triton(name: str, launched_by: str | None) -> bool:
@@ -50,7 +42,8 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
     cc, name = trace_device(evidence)
     src = trace_source(trace)
     for k in trace.top_kernels(10):
-        if k.share < HOT_SHARE or k.category != "compute" or is_library_kernel(k.name):
+        said = classify_kernel(k.name)
+        if k.share < HOT_SHARE or said.is_library or said.work in _NOT_ADVISED_WORK:
             continue
         occ = k.theoretical_occupancy
         if occ is None or occ >= LOW_OCCUPANCY:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
+from gpudiag.analysis.trace.ledger import GEMM_CUDA_CORES
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import (
@@ -31,6 +33,10 @@ ELIGIBLE_UNUSED = 0.02
 # Tensor cores run these kernels at least ~2x faster than fp32 CUDA cores (fp16/bf16 peak is
 # 8-16x the fp32 peak on V100/A100); half of their time is a conservative gain.
 _TENSOR_CORE_SAVING = 0.5
+_TENSOR_CORE_SOURCE = (
+    "a conservative estimate: tensor cores run these GEMMs at least 2x faster than fp32 on "
+    "the CUDA cores (their fp16/bf16 peak is 8-16x the fp32 peak on V100/A100, spec table)"
+)
 
 
 def _fix_for(cc: tuple[int, int]) -> tuple[FixRef, str]:
@@ -172,8 +178,15 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
         Evidence(f"{name} off tensor cores{summed}", round(off_us / 1e3, 2), "ms", src)
         for name, off_us in ops[:3]
     ]
+    found = claim(
+        trace, (GEMM_CUDA_CORES,), _TENSOR_CORE_SAVING, _TENSOR_CORE_SOURCE, claimed_us=unused
+    )
     span = span_us(trace)
-    gain = unused * _TENSOR_CORE_SAVING / span if span else None
+    if found is not None:
+        gain: float | None = found.gain
+        items += found.evidence(src)
+    else:
+        gain = unused * _TENSOR_CORE_SAVING / span if span else None
     severity = (
         severity_for_gain(gain)
         if gain is not None
@@ -195,6 +208,7 @@ def tensor_cores_unused(evidence: EvidenceBundle) -> Iterator[Finding | NotEvalu
         fix=fix,
         instruction=how,
         estimated_gain=gain,
+        claims=(GEMM_CUDA_CORES,) if found is not None else (),
     )
 
 

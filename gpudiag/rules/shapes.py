@@ -6,7 +6,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpudiag.analysis.costed_ops import DTYPE_BYTES, MATMUL_OPS
+from gpudiag.analysis.costed_ops import DTYPE_BYTES, is_matmul
+from gpudiag.analysis.trace.ledger import GEMM_TENSOR_CORES
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import span_us, trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, NotEvaluated, Severity, severity_for_gain
@@ -34,6 +36,10 @@ MIN_SHARE = 0.03
 # How much padding saves depends on the library version and the shape; a quarter of the
 # unaligned GEMMs' time is a deliberately conservative estimate.
 _PADDING_SAVING = 0.25
+_PADDING_SOURCE = (
+    "a conservative estimate: NVIDIA's Matrix Multiplication Background guide shows 2-4x "
+    "slower GEMMs for sizes off the 16-byte multiple; how much depends on the library"
+)
 _TOP = 3
 
 
@@ -141,7 +147,7 @@ def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]
     if on_tensor_cores is None:
         yield NotEvaluated(RULE, f"the tensor-core dtypes of cc {cc[0]}.{cc[1]}")
         return
-    matmuls = [op for op in trace.shaped_ops() if op.name in MATMUL_OPS]
+    matmuls = [op for op in trace.shaped_ops() if is_matmul(op.name)]
     if not matmuls:
         return
     shapes = trace.gemm_shapes()
@@ -156,21 +162,28 @@ def gemm_alignment(evidence: EvidenceBundle) -> Iterator[Finding | NotEvaluated]
         return
     # Attention's products (Q K^T, P V) have the sequence length and head size as sizes: the
     # fix there is a fused attention backend (attention.eager), not padding the data.
-    hot = [
+    unaligned = [
         u
         for s in shapes
         if not s.in_attention
         and (s.gpu_us or 0.0) >= HOT_SHARE * compute_us
         and (u := _unaligned(s, (s.gpu_us or 0.0) / compute_us, on_tensor_cores)) is not None
     ]
+    # Rows of the activations (batch x sequence) are not the model's to pad: tokens of an
+    # inference request, a vision transformer's 197 patches. Only the model's own sizes
+    # (hidden, vocabulary, heads) make the claim; a GEMM unaligned only in its data rows is
+    # mentioned, never scored.
+    hot = [u for u in unaligned if u.layer_dims]
     if sum(u.share for u in hot) < MIN_SHARE:
         return
-    yield _finding(trace, hot, compute_us, cc, name, on_tensor_cores)
+    data_only = [u for u in unaligned if not u.layer_dims]
+    yield _finding(trace, hot, data_only, compute_us, cc, name, on_tensor_cores)
 
 
 def _finding(
     trace: TraceReport,
     hot: list[_Unaligned],
+    data_only: list[_Unaligned],
     compute_us: float,
     cc: tuple[int, int],
     gpu: str,
@@ -189,11 +202,15 @@ def _finding(
         items.append(Evidence(u.label, round(100 * u.share, 1), "% of GPU compute", src))
         items.append(Evidence(f"{u.shape.name} unaligned", _dims_text(list(u.dims)), source=src))
     layer = list(dict.fromkeys((value, pad) for u in hot for _, value, pad in u.layer_dims))
-    rows = {v: _elements(ALIGN_BYTES, u.shape.dtype) for u in hot for _, v, _ in u.data_rows}
+    rows = {
+        v: _elements(ALIGN_BYTES, u.shape.dtype)
+        for u in [*hot, *data_only]
+        for _, v, _ in u.data_rows
+    }
     if rows:
         items.append(
             Evidence(
-                "unaligned rows from the data (batch x sequence)",
+                "unaligned rows from the data (batch x sequence; not scored)",
                 ", ".join(map(str, rows)),
                 source=src,
             )
@@ -207,27 +224,36 @@ def _finding(
         )
     if rows:
         steps.append(
-            f"the rows M = {', '.join(map(str, rows))} are batch x sequence from the data: a "
-            "DataLoader batch size (or sequence length) that makes them a multiple of "
-            f"{max(rows.values())} aligns them"
+            f"the rows M = {', '.join(map(str, rows))} are batch x sequence from the data "
+            "(not scored: tokens of a request or a model's fixed patch count are not yours to "
+            f"pad); only where you set the batch, a multiple of {max(rows.values())} aligns "
+            "them"
         )
     span = span_us(trace)
     top = hot[0]
-    gain = share * compute_us * _PADDING_SAVING / span if span else None
+    claimed = share * compute_us
+    found = claim(trace, (GEMM_TENSOR_CORES + ".",), _PADDING_SAVING, _PADDING_SOURCE, claimed)
+    if found is not None:
+        gain: float | None = found.gain
+        items += found.evidence(src)
+    else:
+        gain = claimed * _PADDING_SAVING / span if span else None
     return Finding(
         RULE,
         severity_for_gain(gain) if gain is not None else Severity.LOW,
         CATEGORY,
-        f"{share:.0%} of GPU compute time is in GEMMs with a size that is not a multiple of "
-        f"{requirement} ({top.shape.name} {_dims_text(list(top.dims)[:2])}): tensor cores run "
+        f"{share:.0%} of GPU compute time is in GEMMs with a model size that is not a multiple of "
+        f"{requirement} ({top.shape.name} {_dims_text(top.layer_dims[:2])}): tensor cores run "
         "them below full speed",
         tuple(items),
         threshold=(
             f"cc >= 7.0; a GEMM's M, N or K not a multiple of {ALIGN_BYTES} bytes (8 fp16/bf16, "
             f"16 int8/fp8, 4 TF32 elements) in shapes of >= {HOT_SHARE:.1%} of GPU compute, "
-            f">= {MIN_SHARE:.0%} together; attention's Q K^T and P V products left out (their "
-            "sizes are the sequence length and head size)"
+            f">= {MIN_SHARE:.0%} together, counting only the model's sizes (an M that is the "
+            "data's batch x sequence is not scored); attention's Q K^T and P V products left "
+            "out (their sizes are the sequence length and head size)"
         ),
         instruction="; ".join(steps),
         estimated_gain=gain,
+        claims=(GEMM_TENSOR_CORES,) if found is not None else (),
     )

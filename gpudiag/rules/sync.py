@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudiag.rules._facts import span_us, trace_source
+from gpudiag.analysis.trace.ledger import SYNC_IDLE
+from gpudiag.rules._claims import claim
+from gpudiag.rules._facts import (
+    PIN_SOURCE_ADVICE,
+    PINNED_DESTINATION_ADVICE,
+    span_us,
+    trace_source,
+)
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
 
@@ -17,6 +24,15 @@ CATEGORY = "synchronisation"
 # On a CPU-only trace, host conversions made by the user's code this often per step are
 # reported (one ``loss.item()`` for logging is normal and stays quiet).
 CPU_MIN_PER_STEP = 2
+
+# Without the wait the host runs ahead and keeps the GPU's queue full: the idle time the GPU
+# spends while the host is blocked is what removing (or making asynchronous) the wait gives.
+_SYNC_REMOVE = 1.0
+_SYNC_SOURCE = (
+    "the GPU idle while the host is blocked: without the wait (or with a non-blocking copy "
+    "from / to pinned memory) the host keeps launching ahead (CUDA runtime API, 'API "
+    "synchronization behavior')"
+)
 
 # What a user wrote, for each way a trace shows a host sync.
 _CAUSE = {
@@ -82,7 +98,8 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The host waits for the GPU inside the step (``.item()``, blocking copies, synchronize)."""
     trace = evidence.trace_report
     if not trace.has_gpu_events:
-        yield from _host_conversions_on_cpu(trace)
+        if not trace.kernels_missing:  # a GPU run that lost its kernels is no CPU run
+            yield from _host_conversions_on_cpu(trace)
         return
     # Each rank's waits against its own steps (its own clock): pooled over the ranks, the
     # waits and the step time are both summed, so a share stays a share of step time.
@@ -90,7 +107,9 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     window_us = idle_us = 0.0
     n_steps = 0
     for r in trace.ranks:
-        syncs = _not_the_optimizers(r.syncs)
+        # Waits inside compilation or graph capture are the warm-up's (trace.warmup says so),
+        # not the steady state's, and often torch's own graph-recording code.
+        syncs = [s for s in _not_the_optimizers(r.syncs) if not s.during_warmup]
         steps = {st.number: st.duration_us for st in r.steps}
         mine = [x for x in syncs if x.step is not None] if steps else list(syncs)
         mine = _outermost(mine)
@@ -111,7 +130,11 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     wait_us = sum(x.duration_us for x in in_step)
     wait_share = wait_us / window_us if window_us > 0 else 0.0
-    share = idle_us / window_us if window_us > 0 else 0.0
+    # The GPU idle while the host sat in these waits: the time ledger's sync row. It holds
+    # idle time before the wait began too (a host blocked on a copy while the GPU has nothing
+    # queued), which the gaps the waits leave after them miss.
+    found = claim(trace, (SYNC_IDLE,), _SYNC_REMOVE, _SYNC_SOURCE)
+    share = found.gain if found is not None else (idle_us / window_us if window_us > 0 else 0.0)
     (site, op), _durations = ranked[0]
     top = [s for s in in_step if (s.call_site, s.inside_op or s.name) == (site, op)]
     copies = [s for s in top if s.copy]
@@ -124,10 +147,15 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
     timed = [s for s in in_step if s.gpu_busy_us is not None]
     timed_us = sum(s.duration_us for s in timed)
     busy_share = sum(s.gpu_busy_us or 0.0 for s in timed) / timed_us if timed_us > 0 else None
-    items = [
-        Evidence(f"GPU idle left by the waits{summed}", round(idle_us / 1e3, 3), "ms", src),
-        Evidence(f"share of step time{pooled}", round(100 * share, 2), "%", src),
-        Evidence(f"host waits in the step{summed}", round(wait_us / 1e3, 2), "ms", src),
+    items: list[Evidence] = list(found.evidence(src)) if found is not None else []
+    items += [
+        Evidence(
+            f"GPU idle in the gaps the waits leave after them{summed}",
+            round(idle_us / 1e3, 3),
+            "ms",
+            src,
+        ),
+        Evidence(f"host time in the waits{summed}", round(wait_us / 1e3, 2), "ms", src),
         Evidence(f"host waits, share of step time{pooled}", round(100 * wait_share, 2), "%", src),
         Evidence(
             "syncs per step" + (" and rank" if ranks > 1 else ""),
@@ -172,23 +200,48 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         CATEGORY,
         f"the host blocks {len(in_step) / n_steps:.0f}x per step"
         f"{' on each rank' if ranks > 1 else ''}, {wait_share:.1%} of the step{during}, mostly "
-        f"in {cause}{where}: the GPU sits idle {share:.1%} of the step after the waits",
+        f"in {cause}{where}: the GPU sits idle {share:.1%} of the profiled time while the host "
+        "waits",
         tuple(items),
         threshold="a host synchronisation (a sync call, a copy that blocks on pageable host "
-        "memory, .item()) inside a profiled step; severity by the GPU idle time the waits "
-        "leave, its estimated gain (medium from 3 % of step time, high from 10 %)",
+        "memory, .item()) inside a profiled step; its estimated gain is the time ledger's "
+        "'host blocked in a sync' row, the GPU idle while the host waits (severity medium from "
+        "3 % of the profiled time, high from 10 %)",
         fix=FixRef("sync.remove", {"call_site": site or op}),
-        instruction=(
-            "copy to the host into pinned memory with non_blocking=True "
-            "(dst = torch.empty(..., pin_memory=True); dst.copy_(t, non_blocking=True); read "
-            "it after an event), or drop the .item()/.cpu()/.tolist() from the step"
-            if copies
-            else "keep values on the GPU (accumulate losses as tensors, log every N steps), "
-            "copy with non_blocking=True from pinned memory"
-        )
+        instruction=(_copy_advice(copies) if copies else _SYNC_ADVICE)
         + ("" if site else "; profile with with_stack=True to name the call site"),
         estimated_gain=share,
+        claims=(SYNC_IDLE,) if found is not None else (),
     )
+
+
+_SYNC_ADVICE = (
+    "keep values on the GPU (accumulate losses as tensors, log every N steps), copy with "
+    "non_blocking=True from pinned memory"
+)
+
+
+# A direction of blocking copy gets its advice when it holds this share of the copies' time.
+DIRECTION_SHARE = 0.10
+
+
+def _copy_advice(copies: list[Any]) -> str:
+    """What fixes a blocking copy depends on its direction (the memcpy the trace recorded):
+    the advice of each direction that holds a tenth of the copies' host time, largest first."""
+    by: dict[str, float] = {}
+    for c in copies:
+        kind = "HtoD" if "HtoD" in (c.copy or "") else "DtoH" if "DtoH" in (c.copy or "") else ""
+        if kind:
+            by[kind] = by.get(kind, 0.0) + c.duration_us
+    total = sum(by.values())
+    advice = {
+        "HtoD": "host-to-device: " + PIN_SOURCE_ADVICE,
+        "DtoH": "device-to-host: " + PINNED_DESTINATION_ADVICE,
+    }
+    chosen = [
+        k for k, us in sorted(by.items(), key=lambda kv: -kv[1]) if us >= DIRECTION_SHARE * total
+    ]
+    return "; ".join(advice[k] for k in chosen) or _SYNC_ADVICE
 
 
 def _bytes(n: int | None) -> str:
@@ -201,9 +254,10 @@ def _bytes(n: int | None) -> str:
 
 
 def _copy_cause(copies: list[Any], op: str) -> str:
-    """The blocking copy in words, from the memcpy the trace recorded (its direction)."""
-    to_host = any("DtoH" in (c.copy or "") for c in copies)
-    if to_host:
+    """The blocking copy in words, from the memcpy the trace recorded (the direction that
+    holds most of the copies' time)."""
+    to_host = sum(c.duration_us for c in copies if "DtoH" in (c.copy or ""))
+    if to_host >= sum(c.duration_us for c in copies) / 2:
         return (
             f"a device-to-host copy into pageable memory in `{op}` (`.cpu()`, `.tolist()`, "
             "`.item()`, `.to('cpu')`): it returns only once the stream's earlier work is done"

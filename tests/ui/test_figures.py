@@ -55,12 +55,18 @@ def test_the_comparison_figure_escapes_what_the_user_named(fake_clock: Any, bf16
     assert list(speedup.x) == pytest.approx([2.0])
 
 
-def test_a_gpu_trace_shows_its_gpu_time_breakdown(fixtures_dir: Path) -> None:
+def test_a_gpu_trace_shows_its_time_ledger(fixtures_dir: Path) -> None:
+    # The doctor card opens with where the step's time goes: the time ledger, largest row on
+    # top (before issue 21: the GPU time breakdown's one stacked bar).
     from gpudiag.analysis.trace import analyze_trace
 
-    figure = step_time_figure(analyze_trace(fixtures_dir / "traces" / RESNET_W0))
-    assert figure.layout.title.text.startswith("GPU time breakdown")
-    assert sum(bar.x[0] for bar in figure.data) == pytest.approx(100.0, abs=0.5)
+    report = analyze_trace(fixtures_dir / "traces" / RESNET_W0)
+    figure = step_time_figure(report)
+    assert figure.layout.title.text.startswith("where the step&#x27;s time goes")
+    (bars,) = figure.data
+    assert sum(bars.x) == pytest.approx(100.0, abs=0.01)  # every microsecond, once
+    assert list(bars.x) == sorted(bars.x)  # drawn bottom-up: the largest row on top
+    assert bars.y[-1] == report.ledger().rows[0].label
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from gpudiag.analysis.trace.breakdown import (
 )
 from gpudiag.analysis.trace.collectives import MIN_MATCHED_CALLS, rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
+from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
     KernelColumns,
@@ -32,8 +33,16 @@ from gpudiag.analysis.trace.kernels import (
     tensor_core_use,
 )
 from gpudiag.analysis.trace.launches import launch_stats
+from gpudiag.analysis.trace.ledger import LedgerInput, build_ledger
 from gpudiag.analysis.trace.load import load_trace
-from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
+from gpudiag.analysis.trace.model import (
+    I64,
+    LAUNCH_RUNTIME_NAMES,
+    SYNC_RUNTIME_NAMES,
+    Events,
+    Kind,
+    RankTrace,
+)
 from gpudiag.analysis.trace.nesting import nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
@@ -153,8 +162,19 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
     syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
+    warm = spans(ev, warmup_rows(ev))
+    if warm[0].size:
+        syncs = tuple(
+            dataclasses.replace(s, during_warmup=True)
+            if inside(warm, s.start_us, s.start_us + s.duration_us)
+            else s
+            for s in syncs
+        )
 
-    if not has_gpu:
+    missing = kernels_not_recorded(trace)
+    if missing is not None:
+        notes.append(missing)
+    elif not has_gpu:
         notes.append(
             "CPU-only trace: no kernels, memory copies or GPU timeline were recorded, so the "
             "GPU time breakdown, idle time, kernels, tensor cores, occupancy and memcpy "
@@ -198,6 +218,19 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     collectives, collective_notes = rank_collectives(
         ev, all_gpu, all_launch, all_cats, trace.world_size or 1
     )
+    ledger = build_ledger(
+        LedgerInput(
+            events=ev,
+            rows=win_rows,
+            launch_rows=win_launch,
+            op_dtypes=_op_dtypes(ev, op_rows),
+            eager_rows=attention.eager_kernel_rows,
+            syncs=syncs,
+            nesting=nesting,
+            window=window.description,
+            rank=rank,
+        )
+    )
     return RankReport(
         rank=rank,
         path=trace.path,
@@ -227,6 +260,33 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         collectives=collectives,
         collective_notes=collective_notes,
         idle_in_host_waits_us=_idle_in_waits(g_win, syncs) if win_rows.size else None,
+        ledger=ledger,
+        kernels_missing=missing,
+    )
+
+
+MISSING_KERNELS_MIN_LAUNCHES = 20
+
+
+def kernels_not_recorded(trace: RankTrace) -> str | None:
+    """Why a trace with GPUs and kernel launches but no kernel records lost them (None when
+    it has kernels, or does not look like a GPU run)."""
+    ev = trace.events
+    if (ev.kind == Kind.KERNEL).any():
+        return None
+    ids = np.array([i for i, n in enumerate(ev.names) if n in LAUNCH_RUNTIME_NAMES], dtype=np.int32)
+    launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, ids)))
+    if launches < MISSING_KERNELS_MIN_LAUNCHES:
+        return None
+    gpus = f"{len(trace.devices)} GPUs listed in deviceProperties, " if trace.devices else ""
+    return (
+        f"the GPU's kernel records are missing: {gpus}{launches:,} kernel launches on the host, "
+        "and no kernel events. This is a GPU run whose device activity was not recorded, not "
+        "a CPU-only one: the profiler's CUPTI (or roctracer) activity buffer was dropped or "
+        "overflowed, or ProfilerActivity.CUDA was not among the activities. Profile again with "
+        "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] and fewer active steps "
+        "(schedule active=1-3; warm-up steps fill the same buffer), or raise the buffer "
+        "(ACTIVITIES_MAX_GPU_BUFFER_SIZE_MB in a Kineto config file named by KINETO_CONFIG)."
     )
 
 

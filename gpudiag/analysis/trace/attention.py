@@ -89,6 +89,9 @@ class AttentionUse:
     timed_on: str = "gpu"  # "gpu": kernels the operators launched; "host": operator time
     # Host rows of the QK^T / PV operators of eager calls (for the shape rules).
     matmul_rows: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
+    # GPU rows of the hand-written calls' kernels: their forward, and their softmax backward
+    # when every softmax is attention (for the time ledger's eager-attention row).
+    eager_kernel_rows: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
 
     @property
     def eager_us(self) -> float:
@@ -106,6 +109,7 @@ class AttentionUse:
     def to_dict(self) -> dict[str, Any]:
         out = fields_json(self)
         out.pop("matmul_rows", None)
+        out.pop("eager_kernel_rows", None)
         out["eager_us"] = self.eager_us
         return out
 
@@ -146,6 +150,9 @@ class _Work:
         linked = (events.kind[gpu_rows] == Kind.KERNEL) & (op_of_row >= 0)
         self.on_gpu = bool(linked.any())
         self.us: dict[int, float] = dict.fromkeys(wanted, 0.0)
+        # The wanted operator each linked kernel belongs to (-1: none), and those kernels.
+        self.kernel_rows = gpu_rows[linked]
+        self.kernel_owner = np.full(self.kernel_rows.size, -1, dtype=np.int64)
         if not self.on_gpu:
             for r in wanted:
                 self.us[r] = float(events.dur[r])
@@ -154,10 +161,20 @@ class _Work:
         parent = nesting.parent_op
         launchers, inv = np.unique(op_of_row[linked], return_inverse=True)
         dur = np.bincount(inv, weights=events.dur[gpu_rows[linked]])
-        for op, us in zip(launchers.tolist(), dur.tolist(), strict=True):
+        owners = np.full(launchers.size, -1, dtype=np.int64)
+        for i, (op, us) in enumerate(zip(launchers.tolist(), dur.tolist(), strict=True)):
             owner = self._owner(op, parent, wanted, memo)
+            owners[i] = owner
             if owner >= 0:
                 self.us[owner] += us
+        self.kernel_owner = owners[inv]
+
+    def kernels_of(self, owners: set[int]) -> frozenset[int]:
+        """The GPU rows of the kernels the given operators (and their children) launched."""
+        if not owners or self.kernel_rows.size == 0:
+            return frozenset()
+        mine = np.isin(self.kernel_owner, np.fromiter(owners, dtype=np.int64, count=len(owners)))
+        return frozenset(self.kernel_rows[mine].tolist())
 
     @staticmethod
     def _owner(op: int, parent: I64, wanted: set[int], memo: dict[int, int]) -> int:
@@ -300,6 +317,10 @@ def attention_use(
         pattern=tuple(name_of(r) for r in hand[0][0]) if hand else (),
         timed_on="gpu" if work.on_gpu else "host",
         matmul_rows=frozenset(matmuls),
+        eager_kernel_rows=work.kernels_of(
+            {r for pattern, _ in hand for r in pattern}
+            | (set(backward) if hand and len(hand) == len(softmax) else set())
+        ),
     )
     return _without_operator(events, gpu_rows, op_of_row, found)
 

@@ -66,3 +66,54 @@ def time_by_category_set(starts: F64, ends: F64, category: I64, n_categories: in
     np.add.at(out, mask[:-1], seg)
     out[0] = 0.0  # gaps between busy periods are idle, reported separately
     return out
+
+
+def _combine(a: tuple[F64, F64], b: tuple[F64, F64], keep_both: bool) -> tuple[F64, F64]:
+    """Where ``a`` and ``b`` are both covered (``keep_both``) or where ``a`` is and ``b`` is
+    not. ``a`` and ``b`` are sorted, disjoint interval sets (as ``merge`` returns them)."""
+    (a_s, a_e), (b_s, b_e) = a, b
+    if a_s.size == 0 or (keep_both and b_s.size == 0):
+        return a_s[:0], a_e[:0]
+    if b_s.size == 0:
+        return a_s, a_e
+    t = np.concatenate((a_s, a_e, b_s, b_e))
+    na, nb = a_s.size, b_s.size
+    da = np.concatenate((np.ones(na, np.int8), -np.ones(na, np.int8), np.zeros(2 * nb, np.int8)))
+    db = np.concatenate((np.zeros(2 * na, np.int8), np.ones(nb, np.int8), -np.ones(nb, np.int8)))
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    in_a = np.cumsum(da[order]) > 0
+    in_b = np.cumsum(db[order]) > 0
+    state = (in_a & in_b) if keep_both else (in_a & ~in_b)
+    keep = state[:-1] & (t[1:] > t[:-1])
+    return merge(t[:-1][keep], t[1:][keep])
+
+
+def intersect(a: tuple[F64, F64], b: tuple[F64, F64]) -> tuple[F64, F64]:
+    """The time both interval sets cover (each sorted and disjoint)."""
+    return _combine(a, b, keep_both=True)
+
+
+def subtract(a: tuple[F64, F64], b: tuple[F64, F64]) -> tuple[F64, F64]:
+    """The time ``a`` covers and ``b`` does not (each sorted and disjoint)."""
+    return _combine(a, b, keep_both=False)
+
+
+def length(a: tuple[F64, F64]) -> float:
+    return float(np.sum(a[1] - a[0]))
+
+
+def overlap_with(a: tuple[F64, F64], starts: F64, ends: F64) -> F64:
+    """For each interval ``[starts[i], ends[i])``, the time of it the set ``a`` (sorted,
+    disjoint) covers: the difference of ``a``'s cumulative coverage at its two ends."""
+    a_s, a_e = a
+    if a_s.size == 0 or starts.size == 0:
+        return np.zeros(starts.size)
+    cum = np.concatenate(([0.0], np.cumsum(a_e - a_s)))
+
+    def covered(t: F64) -> F64:
+        i = np.searchsorted(a_s, t, side="right")  # intervals that start at or before t
+        inside = np.clip(t - a_s[np.maximum(i - 1, 0)], 0.0, (a_e - a_s)[np.maximum(i - 1, 0)])
+        return cum[np.maximum(i - 1, 0)] * (i > 0) + np.where(i > 0, inside, 0.0)
+
+    return np.maximum(covered(ends) - covered(starts), 0.0)

@@ -7,6 +7,12 @@ library, the vendor where the name is vendor-specific, and how to read a dtype f
 first row whose pattern matches wins, so narrow rows (FP32 kernels inside tensor-core
 libraries) come before broad ones.
 
+Each row also says what work its kernels do (``work``): matrix products and convolutions
+("gemm"), fused attention, communication, memory-bound work (element-wise, normalisation,
+reductions, copies, gathers inside kernels) or other. It is the one classifier every part of
+gpudiag reads: the time ledger's rows, the rules (``is_library_kernel`` says whose kernel it
+is), the tensor-core share.
+
 A name is a hint, not evidence: where the trace recorded the launching operator's
 ``Input type``, that dtype wins over the name's (``kernel_dtype``).
 """
@@ -21,8 +27,12 @@ from typing import Any
 
 COMPUTE, COMMUNICATION, MEMORY, SYNC = "compute", "communication", "memory", "sync"
 NVIDIA, AMD = "NVIDIA", "AMD"
+# What a kernel's work is (``KernelClass.work``).
+GEMM, ATTENTION, MEMORY_BOUND, OTHER = "gemm", "attention", "memory-bound", "other"
+WORKS: tuple[str, ...] = (GEMM, ATTENTION, COMMUNICATION, MEMORY_BOUND, OTHER)
 
 DtypeReader = Callable[[str], str | None]
+WorkReader = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class KernelClass:
     ``tensor_cores``: True when the name says it runs on tensor cores (NVIDIA) or matrix
     cores (AMD MFMA), False when it says it does not, None when the name cannot tell (a
     Triton template, an unknown kernel). ``dtype``: the input dtype the name states, or None.
+    ``work``: gemm, attention, communication, memory-bound or other (``WORKS``).
     """
 
     family: str
@@ -40,6 +51,16 @@ class KernelClass:
     provider: str | None
     vendor: str | None
     dtype: str | None
+    work: str = OTHER
+
+    @property
+    def is_library(self) -> bool:
+        """Whether a tuned library or PyTorch itself ships the kernel (not the user's code).
+
+        A kernel no row knows is the user's own; so are generic Triton kernels and Inductor's
+        generated ones, whose block sizes and warps are a config the user (or torch.compile's
+        autotuner) chooses. Libraries' Triton kernels (attention, MoE matmuls) are libraries'."""
+        return self.family not in USER_FAMILIES
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +70,7 @@ class KernelClass:
             "provider": self.provider,
             "vendor": self.vendor,
             "dtype": self.dtype,
+            "work": self.work,
         }
 
 
@@ -63,6 +85,10 @@ class KernelFamily:
     provider: str | None
     vendor: str | None
     dtype: DtypeReader | None = None
+    work: str | WorkReader = OTHER
+
+    def work_of(self, name: str) -> str:
+        return self.work if isinstance(self.work, str) else self.work(name)
 
 
 # -- dtype readers, one per naming grammar ----------------------------------------------------
@@ -252,10 +278,56 @@ def _row(
     vendor: str | None,
     dtype: DtypeReader | None = _name_then_template,
     flags: int = 0,
+    *,
+    work: str | WorkReader | None = None,
 ) -> KernelFamily:
+    if work is None:
+        work = COMMUNICATION if category == COMMUNICATION else _work_by_name
     return KernelFamily(
-        family, re.compile(pattern, flags), category, tensor_cores, provider, vendor, dtype
+        family, re.compile(pattern, flags), category, tensor_cores, provider, vendor, dtype, work
     )
+
+
+# -- work readers, for the families whose kernels do several kinds of work -------------------
+
+# Element-wise, normalisation, reduction, copy, layout, gather/scatter, sort/scan and the small
+# fused epilogues of serving libraries: bound by memory traffic, not by arithmetic.
+_MEMORY_BOUND = re.compile(
+    r"elementwise|element_wise|vectorized|unrolled|reduce|reduction|norm|softmax|SoftMax|copy|"
+    r"Copy|cat_?array|concat|index|gather|scatter|fill|transpose|permute|nchwToNhwc|nhwcToNchw|"
+    r"cast|quant|activation|act_and_mul|silu|gelu|relu|rotary|embedding|kvcache|kv_cache|"
+    r"cache|dropout|memset|pool|upsample|im2col|col2im|bn_fw|bn_bw|BatchNorm|batch_norm|"
+    r"layer_norm|LayerNorm|rms_?norm|Rmsnorm|SubTensorOp|Op[1-4]dTensor|Moments|GammaBeta|"
+    r"multi_tensor_apply|Adam|sgd|RadixSort|Scan|scan|sort|topk|cumsum|arange|"
+    r"scalePackedTensor|compute\w*Offsets|embedding|bucketize|segments|bounds_check|"
+    r"to_dense|linearize_index|compute_position|store_kv|dense_representation|nll|loss|"
+    r"ClassNLL|searchsorted|where|masked|clamp|pow|exp|log|sqrt|tanh|sigmoid|neg|abs",
+    re.IGNORECASE,
+)
+_CONV_OR_GEMM = re.compile(
+    r"conv(?!ert)|gemm|gemv|matmul|winograd|wgrad|dgrad|fprop|fft2d|_mm_|bmm|igemm|xdlops", re.I
+)
+
+
+def _work_by_name(name: str) -> str:
+    """gemm / memory-bound / other for kernels of libraries that ship several kinds."""
+    base = _base_identifier(name)
+    if _CONV_OR_GEMM.search(base):
+        return GEMM
+    if _MEMORY_BOUND.search(base):
+        return MEMORY_BOUND
+    return OTHER
+
+
+def _template_work(name: str) -> str:
+    """Inductor's templates: matmul / convolution templates, or flex attention."""
+    return ATTENTION if re.search(r"attention|flex", name, re.I) else GEMM
+
+
+def _memory_bound_unless_gemm(name: str) -> str:
+    """PyTorch's own kernels, cuDNN's and MIOpen's helpers: memory-bound unless a product."""
+    head = _base_identifier(name).split("<", 1)[0]
+    return GEMM if _CONV_OR_GEMM.search(head) else MEMORY_BOUND
 
 
 _I = re.IGNORECASE
@@ -290,6 +362,21 @@ FAMILIES: tuple[KernelFamily, ...] = (
         None,
     ),
     _row("deepep", r"deep_ep::", COMMUNICATION, False, "DeepEP", NVIDIA, _no_dtype),
+    # Expert-parallel all-to-all of MoE layers (token dispatch and combine) in the other EP
+    # libraries: pplx-kernels, ROCm mori, TensorRT-LLM / FlashInfer MoE all-to-all, UCCL-EP,
+    # and the generic all-to-all dispatch/combine kernel names they and Triton-distributed use.
+    _row(
+        "expert-parallel-a2a",
+        r"pplx::|mori::moe::|Ep(?:Dispatch|Combine)\w*Kernel|moe_?a2a|moeA2A|[Aa]2[Aa]_?"
+        r"(?:[Dd]ispatch|[Cc]ombine)|all_?to_?all_?(?:dispatch|combine)|[Aa]ll[Tt]o[Aa]ll"
+        r"(?:Dispatch|Combine)|(?:dispatch|combine)_?(?:intra|inter)_?node|"
+        r"low_latency_(?:dispatch|combine)|uccl::",
+        COMMUNICATION,
+        False,
+        "expert-parallel all-to-all",
+        None,
+        _no_dtype,
+    ),
     # Transformer Engine's userbuffers (communication overlapped with GEMMs).
     _row(
         "te-userbuffers",
@@ -301,7 +388,16 @@ FAMILIES: tuple[KernelFamily, ...] = (
     ),
     _row("nvshmem", r"^(?:void )?nvshmemi?_", COMMUNICATION, False, "NVSHMEM", NVIDIA, _no_dtype),
     # -- NVIDIA attention ----------------------------------------------------------------
-    _row("trtllm-fmha", r"^fmhaSm\d+", COMPUTE, True, "TensorRT-LLM", NVIDIA, _trtllm_fmha_dtype),
+    _row(
+        "trtllm-fmha",
+        r"^fmhaSm\d+",
+        COMPUTE,
+        True,
+        "TensorRT-LLM",
+        NVIDIA,
+        _trtllm_fmha_dtype,
+        work=ATTENTION,
+    ),
     _row(
         "cudnn-sdpa",
         r"cudnn\w*sdpa|sdpa\w*(?:flash|fprop|bprop)\w*(?:wgmma|hmma|umma|tcgen05)?",
@@ -309,6 +405,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "cuDNN",
         NVIDIA,
+        work=ATTENTION,
     ),
     _row(
         "flash-attention",
@@ -317,6 +414,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "FlashAttention",
         NVIDIA,
+        work=ATTENTION,
     ),
     # Memory-efficient attention (xformers / PyTorch): tensor cores from sm80 for every
     # dtype (fp32 as 3xTF32), before that only for fp16.
@@ -327,6 +425,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "mem-efficient attention",
         NVIDIA,
+        work=ATTENTION,
     ),
     _row(
         "mem-efficient-attention",
@@ -335,6 +434,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "mem-efficient attention",
         NVIDIA,
+        work=ATTENTION,
     ),
     _row(
         "flashinfer-attention",
@@ -343,6 +443,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "FlashInfer",
         NVIDIA,
+        work=ATTENTION,
     ),
     _row("flashinfer", r"flashinfer::", COMPUTE, None, "FlashInfer", NVIDIA),
     # -- NVIDIA GEMM libraries -----------------------------------------------------------
@@ -355,9 +456,10 @@ FAMILIES: tuple[KernelFamily, ...] = (
         NVIDIA,
         _trtllm_bmm_dtype,
         _I,
+        work=GEMM,
     ),
-    _row("deepgemm", r"deep_gemm::", COMPUTE, True, "DeepGEMM", NVIDIA),
-    _row("cublaslt-nvjet", r"^nvjet_", COMPUTE, True, "cuBLASLt", NVIDIA, _no_dtype),
+    _row("deepgemm", r"deep_gemm::", COMPUTE, True, "DeepGEMM", NVIDIA, work=GEMM),
+    _row("cublaslt-nvjet", r"^nvjet_", COMPUTE, True, "cuBLASLt", NVIDIA, _no_dtype, work=GEMM),
     _row(
         "cutlass-simt",
         r"cutlass\w*_simt_|cutlass\w*_[sd]gemm_(?!tensorop)|cutlass[\w:]*?OpClassSimt",
@@ -366,6 +468,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "CUTLASS",
         NVIDIA,
         _cublas_dtype,
+        work=GEMM,
     ),
     _row(
         "cutlass3",
@@ -375,6 +478,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "CUTLASS 3",
         NVIDIA,
+        work=GEMM,
     ),
     _row(
         "cutlass2",
@@ -384,6 +488,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "CUTLASS",
         NVIDIA,
         _cublas_dtype,
+        work=GEMM,
     ),
     # FP32/FP64 kernels on the CUDA cores inside cuBLAS/cuDNN/xmma.
     _row(
@@ -401,6 +506,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "cuBLAS/cuDNN",
         NVIDIA,
         _cublas_dtype,
+        work=GEMM,
     ),
     # sm80_xmma_*, sm90_xmma_*, sm100_* engines of cuBLAS and cuDNN (also CUTLASS-derived
     # sm100_* kernels), and the cuDNN runtime-compiled kernels.
@@ -412,6 +518,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "cuBLAS/cuDNN",
         NVIDIA,
+        work=GEMM,
     ),
     # Legacy cuBLAS/cuDNN tensor-core names: <arch>_[fp16_]<h|s|i><mma shape>gemm/cudnn.
     _row(
@@ -423,6 +530,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "cuBLAS/cuDNN",
         NVIDIA,
         _cublas_dtype,
+        work=GEMM,
     ),
     _row(
         "cudnn",
@@ -432,9 +540,10 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "cuDNN",
         NVIDIA,
+        work=_memory_bound_unless_gemm,
     ),
     # Other cuBLAS helpers (scal, reduce, transpose): the tensor-core ones are named above.
-    _row("cublas", r"cublas", COMPUTE, False, "cuBLAS", NVIDIA),
+    _row("cublas", r"cublas", COMPUTE, False, "cuBLAS", NVIDIA, work=MEMORY_BOUND),
     # -- AMD -----------------------------------------------------------------------------
     # Tensile (rocBLAS) and hipBLASLt (TensileLite, "UserArgs"): MI<m>x<n>x<k>[x<b>] is
     # the MFMA instruction, so a matrix-core kernel; without it, a VALU kernel.
@@ -446,6 +555,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "hipBLASLt",
         AMD,
         _tensile_dtype,
+        work=GEMM,
     ),
     _row(
         "tensile-mfma",
@@ -455,8 +565,11 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "Tensile",
         AMD,
         _tensile_dtype,
+        work=GEMM,
     ),
-    _row("tensile", r"^(?:Custom_)?Cijk_", COMPUTE, False, "Tensile", AMD, _tensile_dtype),
+    _row(
+        "tensile", r"^(?:Custom_)?Cijk_", COMPUTE, False, "Tensile", AMD, _tensile_dtype, work=GEMM
+    ),
     # AOTriton flash attention (PyTorch SDPA on ROCm): attn_fwd / attn_bwd / bwd_kernel_*.
     _row(
         "aotriton",
@@ -465,6 +578,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "AOTriton",
         None,
+        work=ATTENTION,
     ),
     # Composable Kernel: FMHA (attention: aiter's mha_* launch these) and xdl(ops)/wmma/mfma
     # kernels and GEMM tiles use matrix cores.
@@ -475,6 +589,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "Composable Kernel",
         AMD,
+        work=ATTENTION,
     ),
     _row(
         "ck-matrix",
@@ -483,6 +598,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "Composable Kernel",
         AMD,
+        work=GEMM,
     ),
     _row("ck", r"_ZN2ck|ck::|ck_tile|_ZN7ck_tile", COMPUTE, False, "Composable Kernel", AMD),
     # MIOpen: igemm_*_gtcx* are the xdlops (MFMA) implicit-GEMM convolutions.
@@ -493,6 +609,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "MIOpen",
         AMD,
+        work=GEMM,
     ),
     _row(
         "miopen",
@@ -502,7 +619,19 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "MIOpen",
         AMD,
-        _no_dtype,  # "half" in batched_transpose_*_half is the element size, not the dtype
+        _no_dtype,  # "half" in batched_transpose_*_half is the element size, not the dtype,
+        work=_memory_bound_unless_gemm,
+    ),
+    # aiter's assembly and CK GEMMs and fused-MoE GEMMs (fp8/bf16 on MFMA matrix cores).
+    _row(
+        "aiter-gemm",
+        r"(?:_ZN5aiter|aiter::|^aiter_)\w*?(?:fmoe|moe_?gemm|gemm|_mm_|bpreshuffle|mfma)|"
+        r"^_?fmoe_|^_ZN5aiter\d*fmoe",
+        COMPUTE,
+        True,
+        "aiter",
+        AMD,
+        work=GEMM,
     ),
     # Norms, activations, rotary embeddings, caches, quantisation and sampling in the
     # serving libraries: elementwise work, no tensor cores.
@@ -514,6 +643,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "vLLM/SGLang/aiter",
         None,
+        work=MEMORY_BOUND,
     ),
     _row(
         "aiter",
@@ -523,7 +653,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "aiter",
         AMD,
     ),
-    _row("rocprim", r"rocprim::|hipcub::", COMPUTE, False, "rocPRIM", AMD),
+    _row("rocprim", r"rocprim::|hipcub::", COMPUTE, False, "rocPRIM", AMD, work=MEMORY_BOUND),
     # Transformer Engine's own kernels are casts, transposes, norms and activations (its
     # GEMMs are cuBLASLt's, its attention cuDNN's or FlashAttention's, named above).
     _row(
@@ -533,9 +663,10 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "Transformer Engine",
         NVIDIA,
+        work=MEMORY_BOUND,
     ),
     # -- other CUDA/HIP libraries --------------------------------------------------------
-    _row("cub", r"(?:^|[\s:])cub::", COMPUTE, False, "CUB", None, _no_dtype),
+    _row("cub", r"(?:^|[\s:])cub::", COMPUTE, False, "CUB", None, _no_dtype, work=MEMORY_BOUND),
     _row(
         "fbgemm",
         r"fbgemm_gpu::|split_embedding|embedding_codegen|bounds_check_indices|"
@@ -544,8 +675,9 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "FBGEMM",
         None,
+        work=MEMORY_BOUND,
     ),
-    _row("marlin", r"[Mm]arlin", COMPUTE, True, "Marlin", NVIDIA),
+    _row("marlin", r"[Mm]arlin", COMPUTE, True, "Marlin", NVIDIA, work=GEMM),
     _row("vllm", r"vllm::", COMPUTE, None, "vLLM", None),
     _row("sglang", r"sgl_hip|sgl_kernel|sglang::", COMPUTE, None, "SGLang", None),
     # -- Triton --------------------------------------------------------------------------
@@ -559,8 +691,18 @@ FAMILIES: tuple[KernelFamily, ...] = (
         "Triton (inductor)",
         None,
         _no_dtype,
+        work=MEMORY_BOUND,
     ),
-    _row("triton-template", r"^triton_tem_", COMPUTE, None, "Triton (inductor)", None, _no_dtype),
+    _row(
+        "triton-template",
+        r"^triton_tem_",
+        COMPUTE,
+        None,
+        "Triton (inductor)",
+        None,
+        _no_dtype,
+        work=_template_work,
+    ),
     # vLLM's Triton attention (kernel_unified_attention_2d/3d) and the Triton attention
     # kernels of SGLang / LightLLM (_fwd_kernel, _fwd_grouped_kernel): tl.dot, tensor cores.
     _row(
@@ -570,6 +712,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "Triton",
         None,
+        work=ATTENTION,
     ),
     # OpenAI triton_kernels' matmul_ogs (vLLM/SGLang MoE).
     _row(
@@ -579,6 +722,7 @@ FAMILIES: tuple[KernelFamily, ...] = (
         True,
         "Triton",
         None,
+        work=GEMM,
     ),
     # triton_kernels' MoE routing helpers (no tl.dot).
     _row(
@@ -589,8 +733,32 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "Triton",
         None,
+        work=OTHER,
     ),
     _row("triton", r"^triton_|^_?triton", COMPUTE, None, "Triton", None, _no_dtype),
+    # A GEMM kernel under a plain identifier (a Triton kernel, a JIT-compiled one: no C++
+    # signature): FP8/FP4 products only run on tensor cores; other dtypes cannot be told.
+    _row(
+        "plain-gemm-lowp",
+        r"^(?=\w*(?:gemm|matmul|grouped_mm|_mm_))(?=\w*(?:fp8|e4m3|e5m2|fp4|int8|w8a8))\w+$",
+        COMPUTE,
+        True,
+        None,
+        None,
+        _first_dtype,
+        _I,
+        work=GEMM,
+    ),
+    _row(
+        "plain-gemm",
+        r"^\w*(?:gemm|matmul|grouped_mm|_mm_)\w*$",
+        COMPUTE,
+        None,
+        None,
+        None,
+        _no_dtype,
+        work=GEMM,
+    ),
     # -- PyTorch's own kernels: elementwise, reductions, norms, softmax, copies ----------
     _row(
         "aten",
@@ -601,10 +769,13 @@ FAMILIES: tuple[KernelFamily, ...] = (
         False,
         "PyTorch",
         None,
+        work=_memory_bound_unless_gemm,
     ),
 )
 
 UNKNOWN_FAMILY = "unknown"
+# Families whose kernels are the user's code (see ``KernelClass.is_library``).
+USER_FAMILIES: frozenset[str] = frozenset({UNKNOWN_FAMILY, "triton", "triton-inductor"})
 
 # The families whose kernels are fused attention (one kernel for QK^T, softmax and PV).
 ATTENTION_FAMILIES: frozenset[str] = frozenset(
@@ -634,9 +805,23 @@ def classify_kernel(name: str) -> KernelClass:
         if row.pattern.search(name):
             dtype = row.dtype(name) if row.dtype is not None else None
             return KernelClass(
-                row.family, row.category, row.tensor_cores, row.provider, row.vendor, dtype
+                row.family,
+                row.category,
+                row.tensor_cores,
+                row.provider,
+                row.vendor,
+                dtype,
+                row.work_of(name),
             )
-    return KernelClass(UNKNOWN_FAMILY, COMPUTE, None, None, None, _name_then_template(name))
+    return KernelClass(
+        UNKNOWN_FAMILY, COMPUTE, None, None, None, _name_then_template(name), _work_by_name(name)
+    )
+
+
+def is_library_kernel(name: str) -> bool:
+    """Whether a tuned library or PyTorch itself ships the kernel, not the user's code (see
+    ``KernelClass.is_library``): block-size and occupancy advice is for the user's kernels."""
+    return classify_kernel(name).is_library
 
 
 def kernel_dtype(name: str, op_dtype: str | None = None) -> tuple[str | None, str]:

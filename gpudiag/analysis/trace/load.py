@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 
-from gpudiag.analysis.costed_ops import COSTED_OPS
+from gpudiag.analysis.costed_ops import is_costed
 from gpudiag.analysis.trace.model import (
     ASYNC_COPY_RUNTIME_NAMES,
     COMM_ANNOTATION,
@@ -250,7 +250,7 @@ def _is_comm(name: str) -> bool:
 
 def _keeps_inputs(name: str) -> bool:
     """Operators whose recorded inputs are kept: costed ones and collective ranges."""
-    return name in COSTED_OPS or _is_comm(name)
+    return is_costed(name) or _is_comm(name)
 
 
 def _loose_event(raw: Any) -> _Event | None:
@@ -365,6 +365,8 @@ class _Columns:
         self.comm_args: dict[int, CommArgs] = {}
         # The same layer records the same inputs every step: one shared record per spelling.
         self._seen_inputs: dict[tuple[bytes, bytes, bytes], OpInputs | None] = {}
+        # Whether an operator's inputs are kept, once per distinct name.
+        self._keeps: dict[str, bool] = {}
         self.unknown: Counter[str] = Counter()
         # What was wrong with the file but could be read around (the report's notes say it).
         self.problems: Counter[str] = Counter()
@@ -457,8 +459,10 @@ class _Columns:
                     or name in ASYNC_COPY_RUNTIME_NAMES
                 ):
                     self.stacks[first_row + i] = a.call_stack
-        costed, seen = COSTED_OPS, self._seen_inputs
-        for i in [i for i, e in enumerate(xs) if e.name in costed or _is_comm(e.name)]:
+        seen, keeps = self._seen_inputs, self._keeps
+        for name in {e.name for e in xs}.difference(keeps):
+            keeps[name] = _keeps_inputs(name)
+        for i in [i for i, e in enumerate(xs) if keeps[e.name]]:
             a = args[i]
             if a is None or kinds[i] not in (_CPU_OP, _ANNOTATION):
                 continue

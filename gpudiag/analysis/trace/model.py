@@ -195,7 +195,8 @@ class Events:
     threads: tuple[tuple[str, str], ...]
     launches: LaunchTable
     stacks: Mapping[int, str]  # event row -> "Call stack" arg, kept for sync events only
-    # event row -> input shapes, for the few operators the roofline can cost (COSTED_OPS)
+    # event row -> input shapes, for the few operators the roofline can cost
+    # (costed_ops.is_costed: COSTED_OPS and custom operators named like a matrix product)
     # and the collective ranges (COMM_ANNOTATION)
     inputs: Mapping[int, OpInputs] = field(default_factory=dict)
     # event row -> the collective a communication kernel belongs to (newer traces only)
@@ -266,6 +267,21 @@ ASYNC_COPY_RUNTIME_NAMES: frozenset[str] = frozenset(
         "hipMemcpy2DAsync",
         "hipMemcpyDtoHAsync",
         "hipMemcpyHtoDAsync",
+    }
+)
+# Host calls that launch GPU work (a kernel, or a CUDA/HIP graph's kernels).
+LAUNCH_RUNTIME_NAMES: frozenset[str] = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cudaLaunchCooperativeKernel",
+        "cudaGraphLaunch",
+        "hipLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipModuleLaunchKernel",
+        "hipGraphLaunch",
     }
 )
 # ATen operators that copy a GPU scalar to the host (``.item()``, ``bool(t)``, ``int(t)``).

@@ -20,6 +20,7 @@ from gpudiag.analysis.trace.collectives import (
 from gpudiag.analysis.trace.cpu_ops import CpuOpStats
 from gpudiag.analysis.trace.kernels import KernelStats, TensorCoreUse
 from gpudiag.analysis.trace.launches import LaunchStats
+from gpudiag.analysis.trace.ledger import Ledger
 from gpudiag.analysis.trace.model import DeviceProperties
 from gpudiag.analysis.trace.ranks import CommOverlap, RankSummary, comm_overlap, pooled_overlap
 from gpudiag.analysis.trace.shapes import GemmShape, ShapedOp, gemm_shapes
@@ -92,6 +93,11 @@ class RankReport:
     # sync call, a blocking copy), and the part of it whose next GPU work was already
     # queued (the GPU waited on something else, not on the host). None: no GPU events.
     idle_in_host_waits_us: tuple[float, float] | None = None
+    # Every microsecond of the window on one row, busy or idle (None: built without one).
+    ledger: Ledger | None = None
+    # Why the GPU's kernel records are missing when the host launched kernels and the trace
+    # holds none (a GPU run that lost its device activity, not a CPU-only run); None otherwise.
+    kernels_missing: str | None = None
 
     @property
     def device(self) -> DeviceProperties | None:
@@ -142,6 +148,7 @@ class RankReport:
             "dataloader_share": jsonable(self.dataloader_share),
             "idle_in_host_waits_us": jsonable(self.idle_in_host_waits_us),
             "attention": self.attention.to_dict(),
+            "ledger": self.ledger.to_dict() if self.ledger is not None else None,
             "notes": list(self.notes),
             "metadata": jsonable(
                 {k: v for k, v in self.metadata.items() if not isinstance(v, (list, dict))}
@@ -243,6 +250,15 @@ class TraceReport:
         for p in parts[1:]:
             total = total + p
         return dict(total.as_mapping())
+
+    def ledger(self, rank: int | None = None) -> Ledger:
+        """Every microsecond of the analysis window on one row, busy or idle, largest first
+        (see ``gpudiag.analysis.trace.ledger``): one rank's, or every rank's pooled
+        (``rank=None`` with several ranks: windows and rows summed, ``.ranks`` each)."""
+        own = [r.ledger for r in self._selected(rank) if r.ledger is not None]
+        if not own:
+            return Ledger(0.0, (), self.rank(rank).window, rank, notes=("no GPU timeline",))
+        return Ledger.pooled(own)
 
     @property
     def dataloader_share(self) -> float | None:
@@ -394,10 +410,16 @@ class TraceReport:
     def has_gpu_events(self) -> bool:
         return any(r.has_gpu_events for r in self.ranks)
 
+    @property
+    def kernels_missing(self) -> bool:
+        """Whether some rank launched kernels the trace did not record (see RankReport)."""
+        return any(r.kernels_missing for r in self.ranks)
+
     # -- output --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranks": [r.to_dict() for r in self.ranks],
+            "ledger": self.ledger().to_dict(),
             "time_breakdown": jsonable(self.time_breakdown()),
             "dataloader_share": jsonable(self.dataloader_share),
             "tensor_core_share": jsonable(self.tensor_core_share),

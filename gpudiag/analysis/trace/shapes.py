@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from gpudiag.analysis.costed_ops import COSTED_OPS, MATMUL_OPS, dtype_of
+from gpudiag.analysis.costed_ops import dtype_of, is_matmul
+from gpudiag.analysis.costed_ops import is_costed as costed_name
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.model import I64, Bool, Events, Kind, OpInputs, fields_json
 from gpudiag.analysis.trace.nesting import Nesting
@@ -61,9 +62,10 @@ def gemm_dims(name: str, shapes: Sequence[Shape]) -> GemmDims | None:
             if len(a) != 3 or len(b) != 3:
                 return None
             dims = GemmDims(a[1], b[2], a[2], a[0])
-        elif name == "aten::matmul":
+        elif name == "aten::matmul" or not name.startswith("aten::"):
+            # aten::matmul, or a custom operator named like one: A[..., M, K] @ B[..., K, N].
             a, b = shapes[0], shapes[1]
-            if len(a) < 2 or len(b) < 2:
+            if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
                 return None
             if len(b) == 2:  # x @ W: torch folds the leading dims of x into M
                 dims = GemmDims(math.prod(a[:-1]), b[1], a[-1], 1, True)
@@ -121,7 +123,7 @@ class ShapedOp:
 
     @property
     def gemm(self) -> GemmDims | None:
-        return gemm_dims(self.name, self.input_shapes) if self.name in MATMUL_OPS else None
+        return gemm_dims(self.name, self.input_shapes) if is_matmul(self.name) else None
 
     @property
     def duration_us(self) -> float:
@@ -249,7 +251,7 @@ def shaped_ops(
     ``tensor_cores[i]``: whether that GPU row ran on tensor cores; ``attention_rows``: the
     rows of attention's products (``ShapedOp.in_attention``).
     """
-    costed_ids = np.array([i for i, n in enumerate(events.names) if n in COSTED_OPS], np.int32)
+    costed_ids = np.array([i for i, n in enumerate(events.names) if costed_name(n)], np.int32)
     if costed_ids.size == 0:
         return ()
     is_costed = (events.kind == Kind.CPU_OP) & np.isin(events.name, costed_ids)
@@ -257,6 +259,15 @@ def shaped_ops(
     if rows.size == 0:
         return ()
     outer = _Outermost(nesting.parent_op, is_costed)
+    # A custom operator that wraps ATen's product (vllm::rocm_unquantized_gemm around
+    # aten::mm) is a wrapper: the ATen call inside it is the one costed, with its own shapes.
+    custom = {r for r in rows.tolist() if not events.names[events.name[r]].startswith("aten::")}
+    if custom:
+        wrappers = {o for r in rows.tolist() if (o := outer(r)) != r and o in custom}
+        if wrappers:
+            is_costed[np.fromiter(wrappers, dtype=np.int64, count=len(wrappers))] = False
+            rows = np.flatnonzero(is_costed & host)
+            outer = _Outermost(nesting.parent_op, is_costed)
     linked = (events.kind[gpu_rows] == Kind.KERNEL) & (op_of_row >= 0)
     gpu_known = bool(linked.any())
     # Most kernels come from element-wise operators far from any matmul: skip the walk up

@@ -74,6 +74,9 @@ class SyncEvent:
     # GPU time (all streams, merged) that ran during the wait: earlier work the host waited
     # for. The rest of the wait the GPU sat idle. None on a CPU-only trace.
     gpu_busy_us: float | None = None
+    # Made inside compilation, graph capture or another warm-up (host_activity.WARMUP): not
+    # the steady state's, and often not the user's code (torch's graph recording).
+    during_warmup: bool = False
 
     @property
     def gpu_gap_us(self) -> float:

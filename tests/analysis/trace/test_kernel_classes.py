@@ -185,6 +185,26 @@ CASES: list[tuple[str, str, str, bool | None, str | None, str | None, str]] = [
     ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*, "
      "vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)", "custom-allreduce",
      COMMUNICATION, False, None, "bf16", "published"),
+    # Expert-parallel token dispatch / combine (MoE all-to-all): communication, not compute
+    # (ROCm mori's EpDispatchIntraNodeKernel / EpCombineIntraNodeKernel, pplx-kernels'
+    # dispatchKernel / combineKernel in namespace pplx, as their sources declare them).
+    ("void mori::moe::EpDispatchIntraNodeKernel<__hip_bfloat16>(mori::moe::"
+     "EpDispatchCombineArgs<__hip_bfloat16>)", "expert-parallel-a2a", COMMUNICATION, False,
+     None, None, "published"),
+    ("void mori::moe::EpCombineIntraNodeKernel<__hip_bfloat16>(mori::moe::"
+     "EpDispatchCombineArgs<__hip_bfloat16>)", "expert-parallel-a2a", COMMUNICATION, False,
+     None, None, "published"),
+    ("void pplx::(anonymous namespace)::dispatchKernel<true, true>(int, unsigned long*)",
+     "expert-parallel-a2a", COMMUNICATION, False, None, None, "published"),
+    # FP8 grouped GEMMs of MoE layers: a Triton persistent kernel (AMD Primus-Turbo's
+    # _grouped_fp8_persistent_gemm_kernel), vLLM/SGLang's _w8a8_block_fp8_matmul, aiter's
+    # fused-MoE assembly kernels: FP8 products only run on tensor/matrix cores.
+    ("_grouped_fp8_persistent_gemm_kernel", "plain-gemm-lowp", COMPUTE, True, None, "fp8",
+     "published"),
+    ("_w8a8_block_fp8_matmul", "plain-gemm-lowp", COMPUTE, True, None, "fp8", "published"),
+    ("_ZN5aiter43fmoe_fp8_blockscale_g1u1_subGU_256_silu_bf16E", "aiter-gemm", COMPUTE, True,
+     AMD, "fp8", "published"),
+    ("matmul_kernel", "plain-gemm", COMPUTE, None, None, None, "published"),
 ]
 # fmt: on
 

@@ -82,6 +82,11 @@ def test_cli_trace_text(traces_dir: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "Top 3 kernels" in out
     assert "Sync points" in out
     assert "resnet50_profiler_api.py" in out
+    # Where the time goes opens the report: the ledger's rows, largest first.
+    first = out.splitlines()[:3]
+    assert first[0].startswith("where the time goes (830.49 ms")
+    assert "GEMM off tensor cores" in first[1]
+    assert "idle: waiting on the DataLoader" in first[2]
 
 
 def test_cli_trace_json_two_ranks(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,6 +99,9 @@ def test_cli_trace_json_two_ranks(traces_dir: Path, capsys: pytest.CaptureFixtur
     assert len(data["comparison"]) == 2
     assert [r["rank"] for r in data["communication"]["by_rank"]] == [0, 1]
     assert data["communication"]["pooled"]["ranks"] == 2
+    ledger = data["ledger"]  # pooled over the ranks, each rank's inside
+    assert [r["rank"] for r in ledger["ranks"]] == [0, 1]
+    assert sum(r["us"] for r in ledger["rows"]) == pytest.approx(ledger["window_us"])
 
 
 def test_cli_trace_refuses_two_jobs(traces_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

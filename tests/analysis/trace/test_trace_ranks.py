@@ -213,7 +213,9 @@ def test_a_straggler_that_starts_the_collectives_last(tmp_path: Path) -> None:
 
 def test_figures_pooled_over_8_ranks_say_what_they_are(traces_dir: Path) -> None:
     # Each rank's waits are set against its own steps, launch counts are summed over the ranks
-    # (2,104 kernels, not rank 0's 245), the span is labelled a sum, and one line per operator.
+    # (1,976 kernels, not rank 0's), the span is labelled a sum, and one line per operator.
+    # (2,104 before issue 21: the one-step window took the whole trace, kernels launched before
+    # ProfilerStep#10 included; the window is now the step's own GPU work, as TraceLens's.)
     report = _report(traces_dir, DLRM_8_RANKS)
     diagnosis = run_rules(
         EvidenceBundle(trace=report, env={}),
@@ -231,7 +233,7 @@ def test_figures_pooled_over_8_ranks_say_what_they_are(traces_dir: Path) -> None
     assert 0 < share <= 100
     launches = [r.launches for r in report.ranks if r.launches is not None]
     kernels = sum(st.kernels for st in launches)
-    assert kernels == 2104
+    assert kernels == 1976
     (launch,) = [f for f in diagnosis.findings if f.id == "launch.launch_bound"]
     assert f"of {kernels} kernels (8 ranks summed)" in launch.message
     util = found["gpu.low_utilization"]
