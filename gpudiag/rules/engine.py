@@ -24,11 +24,14 @@ __all__ = [
     "FAMILIES",
     "NEEDS",
     "REGISTRY",
+    "REVISERS",
     "Diagnosis",
     "EvidenceBundle",
+    "Reviser",
     "Rule",
     "RuleFn",
     "load_rules",
+    "revises",
     "rule",
     "run_rules",
 ]
@@ -81,6 +84,23 @@ def rule(rule_id: str, *, category: str, needs: tuple[str, ...]) -> Callable[[Ru
     return register
 
 
+# A rule whose advice is a prediction (a micro-benchmark's) registers how its finding reads
+# once a trial of its fix on the diagnosed workload has been measured in this process: the
+# measurement replaces the prediction, in every diagnosis shown after it.
+Reviser = Callable[[Finding, Any], Finding]
+REVISERS: dict[str, Reviser] = {}
+
+
+def revises(rule_id: str) -> Callable[[Reviser], Reviser]:
+    """Register ``reviser(finding, workload)``: the finding of ``rule_id`` as it stands now."""
+
+    def register(fn: Reviser) -> Reviser:
+        REVISERS[rule_id] = fn
+        return fn
+
+    return register
+
+
 def load_rules() -> dict[str, Rule]:
     for family in FAMILIES:
         importlib.import_module(f"gpudiag.rules.{family}")
@@ -104,10 +124,20 @@ class Diagnosis:
     # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
     trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
+    def current(self) -> tuple[Finding, ...]:
+        """The findings as they stand now, in their order: one whose advice was a
+        micro-benchmark's prediction reads as the trial of its fix on this workload measured
+        it, when ``gd.compare`` has measured one in this process since (see ``revises``)."""
+        if self.workload is None or not REVISERS:
+            return self.findings
+        return tuple(
+            REVISERS[f.rule](f, self.workload) if f.rule in REVISERS else f for f in self.findings
+        )
+
     def recommended(self) -> list[Any]:
         """The ``gd.Fix`` objects worth trying, best first (one per fix id)."""
         fixes, seen = [], set()
-        for f in self.findings:
+        for f in self.current():
             if f.fix is not None and f.severity is not Severity.INFO and f.fix.id not in seen:
                 seen.add(f.fix.id)
                 fixes.append(f.fix.to_fix())
@@ -157,7 +187,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_dict() for f in self.current()],
             "not_evaluated": [jsonable(n) for n in self.not_evaluated],
             "evaluated": list(self.evaluated),
             "sources": list(self.sources),
@@ -168,7 +198,7 @@ class Diagnosis:
             f"gpudiag diagnose: {len(self.findings)} findings "
             f"({', '.join(self.sources) or 'no evidence'})"
         ]
-        for f in self.findings:
+        for f in self.current():
             out += f.lines()
         if not self.findings:
             out.append("no findings from the rules that could run")
@@ -195,7 +225,7 @@ class Diagnosis:
         return "\n".join(self.lines())
 
     def _repr_html_(self) -> str:
-        body = "".join(f.html() for f in self.findings) or "<p>No findings.</p>"
+        body = "".join(f.html() for f in self.current()) or "<p>No findings.</p>"
         if self.not_evaluated:
             body += not_evaluated_html(self.not_evaluated)
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
 from gpudiag.rules._facts import span_us, trace_device, trace_source
-from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.engine import EvidenceBundle, revises, rule
 from gpudiag.rules.finding import (
     Evidence,
     Finding,
@@ -241,7 +241,72 @@ def _fp32_params(model: Any) -> bool:
     return bool(params) and all(p.dtype == torch.float32 for p in params)
 
 
-@rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
+CPU_BF16_RULE = "precision.cpu_bf16"
+# The finding's own evidence about the host and the model, kept when a trial revises it.
+_HOST_EVIDENCE = ("CPU", "bf16 instructions", "parameter dtype")
+
+
+def _bf16_trial(workload: Any) -> Any:
+    """The decisive trial of precision.bf16 on this workload measured in this process."""
+    from gpudiag import _measured
+
+    subject = workload.model if workload.model is not None else workload.step_fn
+    measured = _measured.trial(subject, workload.describe(), "precision.bf16")
+    return measured if measured is not None and measured.decisive else None
+
+
+def _trial_finding(measured: Any, items: tuple[Evidence, ...]) -> Finding:
+    """The bf16 advice from a measured trial of precision.bf16 on the step itself."""
+    evidence = (
+        *items,
+        Evidence(
+            "precision.bf16 on this step",
+            f"{measured.verdict}, {measured.speedup}",
+            "",
+            measured.source,
+        ),
+    )
+    threshold = (
+        "a trial of precision.bf16 on this workload (gd.compare, in this process): it replaces "
+        "the matmul micro-benchmark"
+    )
+    if measured.verdict == "faster":
+        return Finding(
+            "precision.cpu_fp32_with_bf16",
+            Severity.MEDIUM,
+            CATEGORY,
+            f"bf16 autocast measured faster on this step: {measured.speedup}",
+            evidence,
+            threshold=threshold,
+            fix=FixRef("precision.bf16"),
+            instruction="keep it: comparison.recipe() carries it to a training script",
+            rule=CPU_BF16_RULE,
+        )
+    return Finding(
+        "precision.cpu_bf16_not_faster",
+        Severity.INFO,
+        CATEGORY,
+        f"bf16 autocast measured {measured.verdict} on this step ({measured.speedup}): not a "
+        "reason to switch to bf16",
+        evidence,
+        threshold=threshold,
+        instruction="keep fp32 for this step",
+        rule=CPU_BF16_RULE,
+    )
+
+
+@revises(CPU_BF16_RULE)
+def _measured_since(finding: Finding, workload: Any) -> Finding:
+    """A diagnosis shown after gd.compare measured precision.bf16 on its workload reads the
+    trial, not the micro-benchmark it was made with."""
+    measured = _bf16_trial(workload)
+    if measured is None:
+        return finding
+    items = tuple(e for e in finding.evidence if e.name in _HOST_EVIDENCE)
+    return _trial_finding(measured, items)
+
+
+@rule(CPU_BF16_RULE, category=CATEGORY, needs=("system", "workload"))
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
     workload = evidence.workload_given
@@ -260,6 +325,16 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     if evidence.system_report.is_recording:
         return  # a recorded machine's CPU cannot be measured from here
+    flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
+    items = [
+        Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
+        Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
+        Evidence("parameter dtype", "float32", source="workload"),
+    ]
+    measured = _bf16_trial(workload)
+    if measured is not None:  # the step itself was measured: no prediction is needed
+        yield _trial_finding(measured, tuple(items))
+        return
     from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed, workload_bf16_speed
 
     # The flags say bf16 has instructions, not that torch runs it faster: measure (cached),
@@ -272,16 +347,11 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
         if own
         else cpu_bf16_speed()
     )
-    flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
-    items = [
-        Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
-        Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
-        Evidence("parameter dtype", "float32", source="workload"),
-    ]
     if speed.measured:
         items.append(
             Evidence("bf16 / fp32 matmul speed", round(speed.ratio or 0.0, 2), "x", speed.source)
         )
+        items.append(Evidence("its interval", speed.interval, source=speed.source))
     if reduced is not None:
         items.append(
             Evidence(
@@ -294,13 +364,30 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     whose = "the step's own matmuls" if own else "its matmuls"
     threshold = (
         f"fp32 parameters on a CPU with AVX512-BF16 or AMX where bf16 measured at least "
-        f"{FAST_RATIO:.2f}x the speed of fp32 (on the step's own matmuls when a trace with "
-        "shapes is at hand, else a 512-cubed product), and under half of the traced matmul "
-        "time in bf16/fp16"
+        f"{FAST_RATIO:.2f}x the speed of fp32 over the whole {speed.confidence:.0%} interval "
+        "(on the step's own matmuls when a trace with shapes is at hand, else a 512-cubed "
+        "product), and under half of the traced matmul time in bf16/fp16; an interval "
+        f"across {FAST_RATIO:.2f}x is undecided; a trial of precision.bf16 on the step "
+        "replaces the micro-benchmark"
     )
-    if not speed.fast:
+    low, high = speed.low, speed.high
+    if speed.measured and low is not None and high is not None and low < FAST_RATIO <= high:
+        yield Finding(
+            "precision.cpu_bf16_undecided",
+            Severity.LOW,
+            CATEGORY,
+            f"this CPU has bf16 instructions; {whose} in bf16 measured {speed.ratio:.2f}x the "
+            f"speed of fp32 ({speed.interval}): undecided whether bf16 autocast pays here, "
+            "a trial on the step decides",
+            tuple(items),
+            threshold=threshold,
+            fix=FixRef("precision.bf16"),
+            instruction="gd.compare measures bf16 autocast on the whole step",
+        )
+        return
+    if not (speed.measured and low is not None and low >= FAST_RATIO):
         what = (
-            f"measured {speed.ratio:.2f}x the speed of fp32 here"
+            f"measured {speed.ratio:.2f}x the speed of fp32 here ({speed.interval})"
             if speed.measured
             else f"could not be measured ({speed.reason})"
         )
@@ -315,13 +402,14 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
             instruction="keep fp32; re-measure with gd.bench.matmul(dtypes=['fp32', 'bf16'])",
         )
         return
-    faster = "several times" if (speed.ratio or 0.0) >= 2.5 else f"{speed.ratio:.1f}x"
+    ratio = speed.ratio or 0.0
+    faster = "several times" if ratio >= 2.5 else f"{ratio:.1f}x"
     yield Finding(
         "precision.cpu_fp32_with_bf16",
         Severity.MEDIUM,
         CATEGORY,
         f"the workload trains in fp32 on a CPU where {whose} in bf16 measured {faster} faster "
-        "than fp32: bf16 autocast should speed up its matmuls",
+        f"than fp32 ({speed.interval}): bf16 autocast should speed up its matmuls",
         tuple(items),
         threshold=threshold,
         fix=FixRef("precision.bf16"),
