@@ -149,7 +149,7 @@ class Bf16Speed:
 _BY_SHAPE: dict[tuple[int, int, int], Bf16Speed] = {}
 # A workload's matmul is timed in batches of calls that add up to about the work of one
 # SIZE-cubed product, so a small one is not lost in the timer's resolution.
-MAX_CALLS = 4096
+MAX_CALLS = 512
 
 
 def cpu_bf16_speed(

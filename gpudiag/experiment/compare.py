@@ -443,6 +443,7 @@ def compare(
     e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
     if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
+        distributed.setdefault("progress", progress)
         return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
     if distributed:
         raise GpuDiagError(f"unknown argument(s) {', '.join(sorted(distributed))} of compare")

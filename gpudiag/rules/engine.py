@@ -30,6 +30,7 @@ __all__ = [
     "Reviser",
     "Rule",
     "RuleFn",
+    "StepTime",
     "load_rules",
     "revises",
     "rule",
@@ -107,6 +108,40 @@ def load_rules() -> dict[str, Rule]:
     return REGISTRY
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The step's own time (measured without the profiler, ``seconds``, with ``source``
+    saying how) beside what one profiled step took (``profiled_s``: the trace's steps, whose
+    time includes the profiler's overhead). Either may be None, with the reason in
+    ``source``."""
+
+    seconds: float | None
+    source: str
+    profiled_s: float | None = None
+
+    def text(self) -> str:
+        own = (
+            f"step time {_ms(self.seconds)}, {self.source}"
+            if self.seconds is not None
+            else f"step time not measured without the profiler ({self.source})"
+        )
+        if self.profiled_s is None:
+            return own
+        return (
+            f"{own}; a profiled step took {_ms(self.profiled_s)} (the profiler's overhead "
+            "included: the trace's shares, not its durations, describe the step)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {"seconds": self.seconds, "source": self.source, "profiled_s": self.profiled_s}
+        )
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Findings ranked by severity, then estimated gain, and the rules that could not run."""
@@ -123,6 +158,8 @@ class Diagnosis:
     # What ``try_fix`` runs: ``trial(workload, fixes, system=..., **options)``; set by the one
     # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
     trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+    # The diagnosed step's own time and the profiled step's (set by gd.diagnose).
+    step_time: StepTime | None = field(default=None, repr=False, compare=False)
 
     def current(self) -> tuple[Finding, ...]:
         """The findings as they stand now, in their order: one whose advice was a
@@ -191,6 +228,7 @@ class Diagnosis:
             "not_evaluated": [jsonable(n) for n in self.not_evaluated],
             "evaluated": list(self.evaluated),
             "sources": list(self.sources),
+            "step_time": jsonable(self.step_time),
         }
 
     def lines(self) -> list[str]:
@@ -198,6 +236,8 @@ class Diagnosis:
             f"gpudiag diagnose: {len(self.findings)} findings "
             f"({', '.join(self.sources) or 'no evidence'})"
         ]
+        if self.step_time is not None:
+            out.append(f"  {self.step_time.text()}")
         for f in self.current():
             out += f.lines()
         if not self.findings:
@@ -226,6 +266,8 @@ class Diagnosis:
 
     def _repr_html_(self) -> str:
         body = "".join(f.html() for f in self.current()) or "<p>No findings.</p>"
+        if self.step_time is not None:
+            body = f"<div class='gpudiag-step-time'>{esc(self.step_time.text())}</div>" + body
         if self.not_evaluated:
             body += not_evaluated_html(self.not_evaluated)
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))

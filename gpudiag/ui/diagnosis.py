@@ -68,9 +68,15 @@ class DiagnosisView(widgets.VBox):
         self.results: dict[int, Any] = {}
         self.shown: dict[int, Any] = {}  # what appears below each tried finding
         self.outcomes: dict[int, TrialOutcome] = {}
+        # The step's own time (not the profiled step's) under the header line.
+        step_time = (
+            f"<div class='gpudiag-step-time'>{esc(diagnosis.step_time.text())}</div>"
+            if diagnosis.step_time is not None
+            else ""
+        )
         header = widgets.HTML(
             f"<b>gpudiag diagnose</b>: {len(diagnosis.findings)} findings "
-            f"({esc(', '.join(diagnosis.sources) or 'no evidence')})",
+            f"({esc(', '.join(diagnosis.sources) or 'no evidence')}){step_time}",
             layout=_FULL,
         )
         rows: list[widgets.Widget] = [header]

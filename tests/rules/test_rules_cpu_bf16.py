@@ -115,7 +115,8 @@ def test_the_real_measurement_runs_once_per_process(monkeypatch: pytest.MonkeyPa
     if first.measured:
         assert (first.ratio or 0.0) > 0
         assert (first.fp32_ms or 0.0) > 0
-        assert first.low is not None and first.high is not None
+        assert first.low is not None
+        assert first.high is not None
         assert first.low <= (first.ratio or 0.0) <= first.high
         assert len(first.rounds) == cpu_bf16.ROUNDS
         assert first.answer in ("faster", "slower", "undecided")
@@ -245,7 +246,8 @@ def test_noise_makes_the_answer_undecided_rather_than_flip(
         bf16 = [2 ** rng.uniform(-1.0, 1.0) for _ in range(cpu_bf16.ROUNDS)]
         _scripted(monkeypatch, [1.0] * cpu_bf16.ROUNDS, bf16)
         speed = cpu_bf16.measure_bf16_speed(shape=(8, 8, 8))
-        assert speed.low is not None and speed.high is not None
+        assert speed.low is not None
+        assert speed.high is not None
         assert speed.low <= (speed.ratio or 0.0) <= speed.high
         if speed.answer != "undecided":
             definite.append(speed.answer)
