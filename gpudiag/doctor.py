@@ -126,9 +126,11 @@ def diagnose(
         collectives=collectives,
         env=dict(env) if env is not None else dict(os.environ) if this_process else None,
     )
-    report_progress(on_progress, "rules", 0, 1, "running the rules")
+    # With a workload, rules may measure (the CPU bf16 matmul speed): a bar says so.
+    rules_progress = on_progress if wl is not None else None
+    report_progress(rules_progress, "rules", 0, 1, "running the rules")
     diagnosis = run_rules(evidence, trial=run_trial)
-    finish(on_progress, "rules")
+    finish(rules_progress, "rules")
     return dataclasses.replace(diagnosis, step_time=timed)
 
 
@@ -146,8 +148,9 @@ def step_time(
     *,
     steps: int = 3,
     on_progress: ProgressFn | None = None,
-) -> StepTime:
-    """The step's own time, measured without the profiler, beside a profiled step's.
+) -> StepTime | None:
+    """The step's own time, measured without the profiler, beside a profiled step's (None
+    when no step was run or recorded).
 
     From the batch scaling's rounds at the workload's batch when they were measured; else,
     for a ``workload`` (one this diagnosis profiled), ``steps`` (at least 3) steps timed on a
@@ -155,6 +158,8 @@ def step_time(
     """
     from gpudiag.rules.engine import StepTime
 
+    if trace is None and scaling is None and workload is None:
+        return None  # no step was run or recorded: nothing to time
     window = [s for s in trace.steps() if s.in_window] if trace is not None else []
     window = window or (list(trace.steps()) if trace is not None else [])
     profiled = (
