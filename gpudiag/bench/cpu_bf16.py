@@ -102,10 +102,10 @@ class Bf16Speed:
         rounds = len(self.rounds) or ROUNDS
         if self.shapes:
             products = ", ".join(f"{m}x{k} @ {k}x{n}" for m, n, k in self.shapes)
-            share = f", {self.covered:.0%} of its fp32 matmul time" if self.covered else ""
+            share = f", {self.covered:.0%} of its fp32 matmul FLOPs" if self.covered else ""
             return (
                 f"measured: the step's own matmuls ({products}{share}), bf16 with autocast's "
-                f"input cast, weighted by their time, {rounds} rounds{threads}"
+                f"input cast, weighted by their fp32 time in a step, {rounds} rounds{threads}"
             )
         if self.shape is not None:
             m, n, k = self.shape
@@ -188,17 +188,19 @@ def workload_bf16_speed(
     matmuls: Sequence[tuple[tuple[int, int, int], float]], *, covered: float | None = None
 ) -> Bf16Speed:
     """bf16/fp32 speed of a workload's own matmuls: each (M, N, K) product measured (cached),
-    combined round by round with each product's fp32 time as its weight (``matmuls``: shape
-    and its time), so a round's ratio is the workload's matmul time in fp32 over the same in
-    bf16; the interval comes from those rounds. ``covered``: the share of the workload's fp32
-    matmul time these products are."""
+    combined round by round, each weighted by its fp32 time in the step (``matmuls``: shape
+    and how many such products a step makes; the time of one is the measurement's own fp32
+    time, so the weights do not move with a profiled run's noise). A round's ratio is the
+    workload's matmul time in fp32 over the same in bf16; the interval comes from those
+    rounds. ``covered``: the share of the workload's fp32 matmul FLOPs these products are."""
     shapes = tuple(shape for shape, _ in matmuls)
-    speeds = [(cpu_bf16_speed(shape), weight) for shape, weight in matmuls if weight > 0]
-    if not speeds:
+    measured = [(cpu_bf16_speed(shape), calls) for shape, calls in matmuls if calls > 0]
+    if not measured:
         return Bf16Speed(None, shapes=shapes, covered=covered, reason="no timed matmul")
-    failed = next((speed for speed, _ in speeds if not speed.measured), None)
+    failed = next((speed for speed, _ in measured if not speed.measured), None)
     if failed is not None:
         return dataclasses.replace(failed, shape=None, shapes=shapes, covered=covered)
+    speeds = [(speed, calls * (speed.fp32_ms or 1.0)) for speed, calls in measured]
     fp32_time = sum(weight for _, weight in speeds)
     bf16_time = sum(weight / (speed.ratio or math.inf) for speed, weight in speeds)
     combined = Bf16Speed(

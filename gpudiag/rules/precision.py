@@ -21,7 +21,6 @@ from gpudiag.rules.finding import (
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
-    from gpudiag.analysis.trace.shapes import GemmShape
 
 CATEGORY = "precision"
 
@@ -207,31 +206,38 @@ def _reduced_precision_matmul_share(trace: TraceReport | None) -> float | None:
     return sum(g.cpu_us for g in gemms if g.dtype in {"bf16", "fp16"}) / total
 
 
-# The step's own matmuls timed for CPU bf16 advice: the largest by host time until they
-# cover this share of its fp32 matmul time, at most MAX_TIMED_MATMULS of them.
+# The step's own matmuls timed for CPU bf16 advice: the largest by FLOPs (a step makes the same
+# products every time; host times in a profiled step move with the machine's load, and picking
+# by them picked other shapes from run to run, with bf16 ratios from 0.4x to 1.6x) until they
+# cover this share of its fp32 matmul FLOPs, at most MAX_TIMED_MATMULS of them.
 TIMED_MATMUL_SHARE = 0.8
 MAX_TIMED_MATMULS = 4
 
 
-def _fp32_matmuls(trace: TraceReport | None) -> tuple[list[GemmShape], float]:
-    """The step's largest fp32 matmul shapes by host time (see TIMED_MATMUL_SHARE) and the
-    share of its fp32 matmul time they cover; ([], 0) without a trace that recorded shapes."""
-    gemms = sorted(
-        (
-            g
-            for g in (trace.gemm_shapes() if trace is not None else ())
-            if g.dtype in (None, "fp32") and not g.in_attention and g.cpu_us > 0
-        ),
-        key=lambda g: g.cpu_us,
-        reverse=True,
-    )
-    total = sum(g.cpu_us for g in gemms)
-    chosen: list[GemmShape] = []
-    for g in gemms[:MAX_TIMED_MATMULS]:
-        chosen.append(g)
-        if sum(c.cpu_us for c in chosen) >= TIMED_MATMUL_SHARE * total:
+def _fp32_matmuls(
+    trace: TraceReport | None,
+) -> tuple[list[tuple[tuple[int, int, int], int]], float]:
+    """The step's largest fp32 matrix products by FLOPs, each (M, N, K) with how many a step
+    makes (see TIMED_MATMUL_SHARE), and the share of its fp32 matmul FLOPs they cover; ([], 0)
+    without a trace that recorded shapes."""
+    calls: dict[tuple[int, int, int], int] = {}
+    for g in trace.gemm_shapes() if trace is not None else ():
+        if g.dtype in (None, "fp32") and not g.in_attention and g.count > 0:
+            shape = (g.dims.m, g.dims.n, g.dims.k)
+            calls[shape] = calls.get(shape, 0) + g.count * g.dims.batch
+
+    def flops(item: tuple[tuple[int, int, int], int]) -> int:
+        (m, n, k), count = item
+        return 2 * m * n * k * count
+
+    ranked = sorted(calls.items(), key=lambda item: (-flops(item), item[0]))
+    total = sum(flops(item) for item in ranked)
+    chosen: list[tuple[tuple[int, int, int], int]] = []
+    for item in ranked[:MAX_TIMED_MATMULS]:
+        chosen.append(item)
+        if sum(flops(c) for c in chosen) >= TIMED_MATMUL_SHARE * total:
             break
-    return chosen, (sum(c.cpu_us for c in chosen) / total if total else 0.0)
+    return chosen, (sum(flops(c) for c in chosen) / total if total else 0.0)
 
 
 def _fp32_params(model: Any) -> bool:
@@ -340,13 +346,7 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     # The flags say bf16 has instructions, not that torch runs it faster: measure (cached),
     # on the step's own largest fp32 matmul when a trace with shapes says which it is.
     own, covered = _fp32_matmuls(evidence.trace)
-    speed = (
-        workload_bf16_speed(
-            [((g.dims.m, g.dims.n, g.dims.k), g.cpu_us) for g in own], covered=covered
-        )
-        if own
-        else cpu_bf16_speed()
-    )
+    speed = workload_bf16_speed(own, covered=covered) if own else cpu_bf16_speed()
     if speed.measured:
         items.append(
             Evidence("bf16 / fp32 matmul speed", round(speed.ratio or 0.0, 2), "x", speed.source)

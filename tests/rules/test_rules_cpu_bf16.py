@@ -3,6 +3,7 @@ CPU's flags; a trial of precision.bf16 on the workload itself replaces the micro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -161,19 +162,57 @@ def test_a_workloads_ratio_is_its_matmul_time_in_fp32_over_bf16(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fast, slow = (512, 512, 512), (10, 256, 64)
+    rounds_fast, rounds_slow = (1.9, 2.0, 2.1) * 5, (0.49, 0.5, 0.51) * 5
     monkeypatch.setattr(
         cpu_bf16,
         "_BY_SHAPE",
-        {fast: Bf16Speed(2.0, shape=fast, threads=1), slow: Bf16Speed(0.5, shape=slow, threads=1)},
+        {
+            fast: Bf16Speed(2.0, fp32_ms=3.0, shape=fast, threads=1, rounds=rounds_fast),
+            slow: Bf16Speed(0.5, fp32_ms=0.5, shape=slow, threads=1, rounds=rounds_slow),
+        },
     )
-    # 3 ms of fp32 at 2x and 1 ms at 0.5x: 4 ms in fp32, 1.5 + 2 ms in bf16.
-    speed = cpu_bf16.workload_bf16_speed([(fast, 3.0), (slow, 1.0)], covered=0.9)
-    assert speed.ratio == pytest.approx(4 / 3.5)
-    assert speed.answer == "undecided"  # a ratio without its rounds has no interval
-    assert "512x512 @ 512x512, 10x64 @ 64x256, 90% of its fp32 matmul time" in speed.source
+    # One 3 ms product at 2x and two 0.5 ms ones at 0.5x: 4 ms in fp32, 1.5 + 2 ms in bf16.
+    speed = cpu_bf16.workload_bf16_speed([(fast, 1), (slow, 2)], covered=0.9)
+    assert speed.ratio == pytest.approx(4 / 3.5, rel=0.01)
+    assert speed.low is not None
+    assert speed.high is not None
+    assert speed.low < 4 / 3.5 < speed.high  # the rounds' spread, combined the same way
+    assert speed.answer == "faster"
+    assert "512x512 @ 512x512, 10x64 @ 64x256, 90% of its fp32 matmul FLOPs" in speed.source
+    alone = {shape: dataclasses.replace(s, rounds=()) for shape, s in cpu_bf16._BY_SHAPE.items()}
+    monkeypatch.setattr(cpu_bf16, "_BY_SHAPE", alone)
+    no_rounds = cpu_bf16.workload_bf16_speed([(fast, 1), (slow, 2)])
+    assert no_rounds.ratio == pytest.approx(4 / 3.5)
+    assert no_rounds.answer == "undecided"  # a ratio without its rounds has no interval
     failed = Bf16Speed(None, shape=slow, reason="bf16 matmul cannot run here: no kernel")
     monkeypatch.setitem(cpu_bf16._BY_SHAPE, slow, failed)
-    assert cpu_bf16.workload_bf16_speed([(fast, 3.0), (slow, 1.0)]).reason == failed.reason
+    assert cpu_bf16.workload_bf16_speed([(fast, 1), (slow, 2)]).reason == failed.reason
+
+
+def test_the_step_s_matmuls_are_chosen_by_flops_not_by_noisy_host_time() -> None:
+    from types import SimpleNamespace
+
+    from gpudiag.analysis.trace.shapes import GemmDims
+    from gpudiag.rules.precision import _fp32_matmuls
+
+    def gemm(m: int, n: int, k: int, count: int, cpu_us: float, name: str = "aten::mm") -> Any:
+        return SimpleNamespace(
+            name=name, dtype="fp32", in_attention=False, count=count, cpu_us=cpu_us,
+            dims=GemmDims(m, n, k),
+        )  # fmt: skip
+
+    shapes = [
+        gemm(32, 512, 256, 2, 900.0),
+        gemm(512, 256, 32, 2, 10.0),  # a busy host made this one look fast
+        gemm(32, 256, 512, 2, 50.0),
+        gemm(32, 512, 256, 2, 400.0, name="aten::addmm"),  # the same product again
+        gemm(32, 10, 512, 2, 5000.0),  # small, however long the host took
+    ]
+    trace = SimpleNamespace(gemm_shapes=lambda: shapes)
+    chosen, covered = _fp32_matmuls(trace)  # type: ignore[arg-type]
+    assert chosen == [((32, 512, 256), 4), ((32, 256, 512), 2), ((512, 256, 32), 2)]
+    # 8 products of 32x512x256 multiply-adds against 2 of 32x10x512
+    assert covered == pytest.approx(8 / (8 + 2 * 32 * 10 * 512 / (32 * 512 * 256)))
 
 
 def test_advice_on_a_traced_step_times_its_own_matmuls(
