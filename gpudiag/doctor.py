@@ -188,10 +188,14 @@ def step_time(
 
 
 def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> float:
-    """Median wall time of ``steps`` steps of the workload (on a copy), after one warm-up."""
+    """Median wall time of ``steps`` steps of the workload (on a copy), after one warm-up; on
+    a GPU the device is synchronised around each step (that path is untested on a real GPU)."""
     import time
 
+    from gpudiag.probe import cuda
+
     step = _step_function(workload)
+    sync = cuda.synchronize if getattr(workload, "device_type", "cpu") == "cuda" else None
     stage = "step time"
     report_progress(on_progress, stage, 0, steps + 1, "warm-up")
     times = []
@@ -199,8 +203,12 @@ def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None)
         step()
         for i in range(steps):
             report_progress(on_progress, stage, i + 1, steps + 1)
+            if sync is not None:
+                sync()
             start = time.perf_counter()
             step()
+            if sync is not None:
+                sync()
             times.append(time.perf_counter() - start)
     finish(on_progress, stage)
     return statistics.median(times)

@@ -5,9 +5,11 @@
 under the budget. ``%%gpudiag memory [--budget 512MiB]`` runs the cell as the step: once to
 make the optimizer state, then measured by category (``--first-step`` measures the first run
 and says so), beside an estimate traced on fake copies of what the cell uses, as gd.memory
-does; with a budget it stops at an out-of-memory that the report explains. The torch modules
-and optimizers the cell uses (also through the notebook's functions it calls), and the
-notebook variables it assigns, are restored afterwards.
+does (``--no-estimate`` skips it); with a budget it stops at an out-of-memory that the report
+explains. The torch modules and optimizers the cell uses (also through the notebook's
+functions it calls), and the notebook variables it assigns, are restored afterwards; what
+else the cell changes (an iterator it advances) stays changed, and the cell runs up to four
+times (twice on fakes for the estimate, a warm-up, the measured run).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="cell form: measure the cell's first run, before the optimizer state exists "
         "(default: run it once first, then measure a warm step, as gd.memory does)",
+    )
+    parser.add_argument(
+        "--no-estimate",
+        action="store_true",
+        help="cell form: no estimate column (the cell does not run on fake tensors)",
     )
 
 
@@ -85,6 +92,7 @@ def _cell_report(
     budget: Any,
     *,
     first_step: bool = False,
+    estimate: bool = True,
     progress: bool | ProgressFn = True,
 ) -> Any:
     from gpudiag.experiment.memory_report import MemoryReport, parse_budget
@@ -109,20 +117,21 @@ def _cell_report(
     timeline = MemoryTimeline((), (), source="not measured")
     warm_before = any(len(opt.state) for opt in optimizers)
     notes = [_warm_up_note(first_step, optimizers, warm_before)]
-    estimate = None
+    traced = None
     warm_up = not (first_step or warm_before)
-    stages = Stages(resolve(progress, "memory"), "cell", 2 + warm_up)
+    stages = Stages(resolve(progress, "memory"), "cell", 1 + warm_up + estimate)
     with (
         closed_on_error(stages.on_progress),
         _bindings_restored(names, namespace),
         isolated(*modules, *optimizers),
     ):
-        stages.next("the estimate (the cell twice on fake tensors)")
-        try:
-            with _bindings_restored(names, namespace):  # the fakes leave before the real run
-                estimate = _cell_estimate(code, names, namespace)
-        except Exception as exc:  # the estimate is a comparison; the measurement stands alone
-            notes.append(f"no estimate: {type(exc).__name__}: {exc}")
+        if estimate:
+            stages.next("the estimate (the cell twice on fake tensors)")
+            try:
+                with _bindings_restored(names, namespace):  # the fakes leave before the run
+                    traced = _cell_estimate(code, names, namespace)
+            except Exception as exc:  # a comparison; the measurement stands alone
+                notes.append(f"no estimate: {type(exc).__name__}: {exc}")
         if warm_up:
             stages.next("a warm-up run (the optimizer makes its state)")
             _silently(code, namespace)
@@ -134,7 +143,7 @@ def _cell_report(
     stages.finish()
     notes.append("its modules, optimizers and variables restored afterwards")
     return MemoryReport(
-        "cell", timeline, estimate=estimate, budget_bytes=budget_bytes, oom=oom, notes=tuple(notes)
+        "cell", timeline, estimate=traced, budget_bytes=budget_bytes, oom=oom, notes=tuple(notes)
     )
 
 
@@ -209,7 +218,12 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     if cell is not None and cell.strip():
         report = _cell_report(
-            cell, namespace, args.budget, first_step=args.first_step, progress=not args.json
+            cell,
+            namespace,
+            args.budget,
+            first_step=args.first_step,
+            estimate=not args.no_estimate,
+            progress=not args.json,
         )
         return report.to_dict() if args.json else report
     name = args.workload_var or args.workload

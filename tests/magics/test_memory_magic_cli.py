@@ -150,6 +150,9 @@ def test_cell_magic_says_when_it_measured_the_first_step(ipython_shell: Any) -> 
     assert "the optimizer state did not exist yet" in repr(first)
     assert first.at_peak["optimizer_state"] == 0  # Adam made its state after the peak
     assert not opt.state
+    bare = ip.run_cell_magic("gpudiag", "memory --no-estimate", cell)
+    assert bare.estimate is None
+    assert bare.at_peak["optimizer_state"] > 0
 
 
 def test_cell_magic_follows_the_notebook_functions_the_cell_calls(ipython_shell: Any) -> None:
