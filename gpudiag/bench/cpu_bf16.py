@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from gpudiag import _measured
 from gpudiag._report import jsonable
-from gpudiag.analysis.stats import speedup_ci
 from gpudiag.bench.timing import measure
 
 SIZE = 512  # square matmul: compute-bound, about 3 ms in fp32 on one core
@@ -179,6 +178,8 @@ def _interval(
     fp32_s: Sequence[float], bf16_s: Sequence[float]
 ) -> tuple[float, float, float, tuple[float, ...]]:
     """Median per-round ratio, its interval (paired bootstrap, seeded) and the rounds' ratios."""
+    from gpudiag.analysis.stats import speedup_ci  # numpy: not at `import gpudiag.bench`
+
     estimate = speedup_ci(fp32_s, bf16_s, confidence=CONFIDENCE, paired=True)
     rounds = tuple(a / b if b > 0 else math.nan for a, b in zip(fp32_s, bf16_s, strict=True))
     return estimate.value, estimate.low, estimate.high, rounds
