@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,6 +32,7 @@ class Progress:
     total: int = 0
     note: str = ""
     finished: bool = False
+    unit: str = ""  # what ``done`` counts, when not steps or rounds ("s": seconds waited)
 
 
 ProgressFn = Callable[[Progress], None]
@@ -97,6 +100,7 @@ class ProgressBar:
                     total=event.total or None,
                     desc=f"{self.prefix} {event.stage}",
                     leave=self.leave,
+                    unit=event.unit or "it",
                 )
         if event.total and self.bar.total != event.total:
             self.bar.total = event.total
@@ -160,3 +164,58 @@ def closed_on_error(on_progress: ProgressFn | None) -> Iterator[None]:
         if isinstance(on_progress, ProgressBar):
             on_progress.close(complete=False)
         raise
+
+
+class Stages:
+    """A wait made of named parts of known count (a warm-up step, a measured step, an
+    estimate, ...): ``stages.next("measured step")`` reports the part that starts now,
+    ``stages.finish()`` that all are done. With no callback, nothing is reported."""
+
+    def __init__(self, on_progress: ProgressFn | None, stage: str, total: int) -> None:
+        self.on_progress = on_progress
+        self.stage = stage
+        self.total = total
+        self.done = -1
+
+    def next(self, note: str) -> None:
+        """The next part begins (its note is what the bar says it is doing)."""
+        self.done += 1
+        self.total = max(self.total, self.done + 1)
+        report(self.on_progress, self.stage, self.done, self.total, note)
+
+    def finish(self) -> None:
+        finish(self.on_progress, self.stage)
+
+
+@contextlib.contextmanager
+def ticking(
+    on_progress: ProgressFn | None, stage: str, note: str = "", *, every_s: float = 1.0
+) -> Iterator[None]:
+    """Seconds waited on a block that says nothing while it runs (a job in other processes),
+    reported every ``every_s`` from a background thread; finished when the block ends, a bar
+    left where it stopped when it raises."""
+    if on_progress is None:
+        yield
+        return
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            waited = int(time.monotonic() - started)
+            on_progress(Progress(stage, waited, 0, note, unit="s"))
+
+    on_progress(Progress(stage, 0, 0, note, unit="s"))
+    thread = threading.Thread(target=tick, name=f"gpudiag {stage}", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        stop.set()  # no tick after the bar is closed where it stopped
+        thread.join()
+        if isinstance(on_progress, ProgressBar):
+            on_progress.close(complete=False)
+        raise
+    stop.set()
+    thread.join()
+    finish(on_progress, stage)

@@ -10,13 +10,16 @@ one place that runs a workload (profiling, batch scaling) for them and that hand
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect as _inspect
 import os
+import statistics
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._progress import ProgressFn, resolve
+from gpudiag._progress import ProgressFn, closed_on_error, finish, resolve
+from gpudiag._progress import report as report_progress
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
 
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
     from gpudiag.experiment.batch_scaling import BatchScaling
     from gpudiag.probe.system import SystemReport
+    from gpudiag.rules.engine import StepTime
     from gpudiag.step import Workload
 
 __all__ = [
@@ -31,6 +35,7 @@ __all__ = [
     "measure_batch_scaling",
     "profile_workload",
     "run_trial",
+    "step_time",
     "workload_source",
 ]
 
@@ -85,9 +90,14 @@ def diagnose(
         system = inspect()
     from gpudiag.analysis.trace import TraceReport, analyze_trace
 
-    report = trace if trace is None or isinstance(trace, TraceReport) else analyze_trace(trace)
+    report = (
+        trace
+        if trace is None or isinstance(trace, TraceReport)
+        else analyze_trace(trace, progress=on_progress or False)
+    )
     trace_file = report is not trace
-    if report is None and wl is not None:
+    profiled_here = report is None and wl is not None
+    if profiled_here:
         report = profile_workload(wl, steps=steps, on_progress=on_progress)
     if code is None and wl is not None:
         code = workload_source(wl)
@@ -102,6 +112,9 @@ def diagnose(
         measured = measure_batch_scaling(wl, on_progress=on_progress)
     else:
         measured = scaling or None
+    timed = step_time(
+        wl if profiled_here else None, report, measured, steps=steps, on_progress=on_progress
+    )
     evidence = EvidenceBundle(
         system=system,
         trace=report,
@@ -113,7 +126,12 @@ def diagnose(
         collectives=collectives,
         env=dict(env) if env is not None else dict(os.environ) if this_process else None,
     )
-    return run_rules(evidence, trial=run_trial)
+    # With a workload, rules may measure (the CPU bf16 matmul speed): a bar says so.
+    rules_progress = on_progress if wl is not None else None
+    report_progress(rules_progress, "rules", 0, 1, "running the rules")
+    diagnosis = run_rules(evidence, trial=run_trial)
+    finish(rules_progress, "rules")
+    return dataclasses.replace(diagnosis, step_time=timed)
 
 
 def run_trial(workload: Any, fixes: list[Any], **compare_options: Any) -> Any:
@@ -121,6 +139,79 @@ def run_trial(workload: Any, fixes: list[Any], **compare_options: Any) -> Any:
     from gpudiag.experiment import compare
 
     return compare.compare(workload, fixes=fixes, **compare_options)
+
+
+def step_time(
+    workload: Workload | None,
+    trace: TraceReport | None,
+    scaling: BatchScaling | None,
+    *,
+    steps: int = 3,
+    on_progress: ProgressFn | None = None,
+) -> StepTime | None:
+    """The step's own time, measured without the profiler, beside a profiled step's (None
+    when no step was run or recorded).
+
+    From the batch scaling's rounds at the workload's batch when they were measured; else,
+    for a ``workload`` (one this diagnosis profiled), ``steps`` (at least 3) steps timed on a
+    copy after a warm-up; else not measured (a trace alone holds only profiled steps).
+    """
+    from gpudiag.rules.engine import StepTime
+
+    if trace is None and scaling is None and workload is None:
+        return None  # no step was run or recorded: nothing to time
+    window = [s for s in trace.steps() if s.in_window] if trace is not None else []
+    window = window or (list(trace.steps()) if trace is not None else [])
+    profiled = (
+        statistics.fmean(s.duration_us for s in window) / 1e6
+        if window and all(s.duration_us > 0 for s in window)
+        else None
+    )
+    if scaling is not None:
+        return StepTime(
+            scaling.step_s,
+            f"without the profiler (median of {len(scaling.rounds)} interleaved rounds at "
+            f"batch {scaling.batch_size}, from the batch scaling)",
+            profiled,
+        )
+    if workload is None:
+        return StepTime(None, "only profiled steps were given", profiled)
+    steps = max(steps, 3)
+    try:
+        seconds = _timed_steps(workload, steps, on_progress)
+    except Exception as exc:  # the profile ran the step; timing it again is a nicety
+        warnings.warn(f"step time not measured: {exc}", GpuDiagWarning, stacklevel=3)
+        return StepTime(None, f"timing the step failed: {exc}", profiled)
+    return StepTime(
+        seconds, f"without the profiler (median of {steps} steps after a warm-up)", profiled
+    )
+
+
+def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> float:
+    """Median wall time of ``steps`` steps of the workload (on a copy), after one warm-up; on
+    a GPU the device is synchronised around each step (that path is untested on a real GPU)."""
+    import time
+
+    from gpudiag.probe import cuda
+
+    step = _step_function(workload)
+    sync = cuda.synchronize if getattr(workload, "device_type", "cpu") == "cuda" else None
+    stage = "step time"
+    report_progress(on_progress, stage, 0, steps + 1, "warm-up")
+    times = []
+    with closed_on_error(on_progress):
+        step()
+        for i in range(steps):
+            report_progress(on_progress, stage, i + 1, steps + 1)
+            if sync is not None:
+                sync()
+            start = time.perf_counter()
+            step()
+            if sync is not None:
+                sync()
+            times.append(time.perf_counter() - start)
+    finish(on_progress, stage)
+    return statistics.median(times)
 
 
 def measure_batch_scaling(
@@ -172,10 +263,11 @@ def profile_workload(
     from gpudiag.profiling import profile
 
     step = _step_function(workload)
+    progress = on_progress if on_progress is not None else False
     if trace_dir is not None:
-        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir, on_progress=on_progress)
+        return profile(step, steps=steps, warmup=1, trace_dir=trace_dir, progress=progress)
     with tempfile.TemporaryDirectory(prefix="gpudiag-diagnose-") as tmp:
-        return profile(step, steps=steps, warmup=1, trace_dir=tmp, on_progress=on_progress)
+        return profile(step, steps=steps, warmup=1, trace_dir=tmp, progress=progress)
 
 
 def workload_source(workload: Any) -> str | None:

@@ -4,13 +4,16 @@ A person browsing the repository sees results without running anything; CI re-ex
 notebooks (tests/notebooks) and fails if one errors. What is stored is kept light and
 portable: live widget state (a FigureWidget carries the whole plotly.js bundle, ~5 MB) is
 dropped, so widget outputs fall back to the HTML every display also carries, and this
-checkout's path is written as ``<repo>``.
+checkout's path is written as ``<repo>``. Progress bars are off while storing
+(``TQDM_DISABLE=1``): a bar is a live widget, and what would be stored of it is its first
+frame ("0/3"), not the wait a reader never sees.
 
     python notebooks/store_outputs.py [NOTEBOOK ...]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -52,6 +55,7 @@ def store(path: Path) -> float:
 
 
 def main(argv: list[str]) -> int:
+    os.environ["TQDM_DISABLE"] = "1"  # the kernels inherit it
     paths = [Path(a).resolve() for a in argv] or sorted(HERE.glob("*.ipynb"))
     for path in paths:
         seconds = store(path)

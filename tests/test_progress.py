@@ -49,6 +49,10 @@ def test_profile_reports_each_call_then_finishes(tmp_path: Path) -> None:
         ("profile", 3, 4, False),
         ("profile", 4, 4, False),
         ("profile", 0, 0, True),
+        # then the trace is read and analysed
+        ("trace", 0, 2, False),
+        ("trace", 1, 2, False),
+        ("trace", 0, 0, True),
     ]
 
 
@@ -253,3 +257,134 @@ def test_in_a_notebook_an_early_verdict_ends_green_and_a_failure_red(
     widget = failed.bar.container.children[1]
     failed.close(complete=False)
     assert widget.bar_style == "danger"
+
+
+def _notes(events: list[Progress], stage: str) -> list[str]:
+    return [e.note for e in events if e.stage == stage and not e.finished]
+
+
+def test_memory_names_each_step_it_runs_under_a_budget() -> None:
+    import gpudiag as gd
+    from gpudiag.workloads import mlp
+
+    events: list[Progress] = []
+    workload = mlp.build(batch_size=8, in_features=16, hidden=32)
+    fix = gd.Fix("batch.size", micro_batch=2, accumulation=4)
+    report = gd.memory(workload, fixes=[fix], budget="64MiB", progress=events.append)
+    assert report.oom is None
+    assert _notes(events, "step") == [
+        "a copy of the model and a warm-up step",
+        "a step under the 64.00 MiB budget",
+        "a profiled step (memory timeline)",
+        "the estimate (traced on fake tensors)",
+    ]
+    assert [(e.done, e.total) for e in events if not e.finished] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert events[-1].finished
+
+
+def test_memory_that_runs_out_still_finishes_its_report() -> None:
+    import gpudiag as gd
+    from gpudiag.workloads import mlp
+
+    events: list[Progress] = []
+    report = gd.memory(mlp.build(batch_size=64), budget="64KiB", progress=events.append)
+    assert report.oom is not None  # a result, explained: the bar moves on to the estimate
+    assert _notes(events, "step")[-1] == "the estimate (traced on fake tensors)"
+    assert events[-1].finished
+
+
+def test_estimate_and_fit_report_each_traced_or_measured_step() -> None:
+    import gpudiag as gd
+    from gpudiag.workloads import mlp
+
+    workload = mlp.build(batch_size=8, in_features=16, hidden=32)
+    events: list[Progress] = []
+    gd.estimate_memory(workload, progress=events.append)
+    assert _notes(events, "traced step") == [
+        "two steps on fake tensors at batch 8",
+        "two steps on fake tensors at batch 4",
+    ]
+    assert events[-1].finished
+    events.clear()
+    gd.fit(workload, memory_budget="1GiB", progress=events.append)
+    notes = _notes(events, "step")
+    assert notes[:2] == ["the estimate at the workload's batch", "a measured step at micro-batch 8"]
+    assert "what-if: bf16 autocast" in notes
+    assert "what-if: activation checkpointing" in notes
+    assert {e.stage for e in events} == {"step"}  # the nested estimates show no bars of their own
+    assert events[-1].finished
+
+
+def test_analyze_trace_reports_reading_and_analysing() -> None:
+    import gpudiag as gd
+    from tests.conftest import FIXTURES
+
+    events: list[Progress] = []
+    trace = FIXTURES / "traces" / "hta-trace_diff-control.json.gz"
+    gd.analyze_trace(trace, progress=events.append)
+    assert _notes(events, "trace") == [f"reading {trace.name}", "analysing"]
+    assert events[-1].finished
+
+
+def test_diagnose_reports_its_step_timing_and_its_rules(make_cpu_system: Any) -> None:
+    from gpudiag.doctor import diagnose
+    from gpudiag.workloads import mlp
+
+    events: list[Progress] = []
+    workload = mlp.build(batch_size=8, in_features=16, hidden=32)
+    diagnose(
+        workload, system=make_cpu_system("avx2"), steps=1, scaling=False, progress=events.append
+    )
+    stages = [e.stage for e in events]
+    assert stages.index("profile") < stages.index("step time") < stages.index("rules")
+    assert _notes(events, "rules") == ["running the rules"]  # the bf16 timing happens there
+    assert events[-1] == Progress("rules", finished=True)
+
+
+def test_a_wait_on_other_processes_ticks_in_seconds() -> None:
+    import time
+
+    from gpudiag._progress import ticking
+
+    events: list[Progress] = []
+    with ticking(events.append, "2 ranks", "torchrun", every_s=0.02):
+        time.sleep(0.15)
+    assert events[0] == Progress("2 ranks", 0, 0, "torchrun", unit="s")
+    assert len(events) >= 3  # the start, at least one tick, the finish
+    assert all(e.unit == "s" for e in events[:-1])
+    assert events[-1].finished
+    bar = ProgressBar("doctor", leave=False)
+
+    def failing_job() -> None:
+        with ticking(bar, "2 ranks", every_s=0.02):
+            time.sleep(0.05)
+            raise RuntimeError("a rank failed")
+
+    with pytest.raises(RuntimeError):
+        failing_job()
+    time.sleep(0.06)
+    # Closed once where it stopped; no tick after that opened another bar.
+    assert len(bar.closed_complete) == 1
+    assert bar.bar is None
+
+
+def test_the_distributed_doctor_shows_the_wait_on_its_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from gpudiag.distributed import launch
+    from gpudiag.distributed.run import doctor_job
+    from gpudiag.errors import DistributedError
+
+    def slow_failure(*_: Any, **__: Any) -> str:
+        time.sleep(0.1)
+        raise DistributedError("the 2-rank job failed (exit 1): a rank crashed")
+
+    monkeypatch.setattr(launch, "torchrun", slow_failure)
+    events: list[Progress] = []
+    with pytest.raises(DistributedError):
+        doctor_job(2, progress=events.append)
+    assert events[0].stage == "2 ranks"
+    assert events[0].unit == "s"
+    assert not any(e.finished for e in events)  # it failed: not shown as finished

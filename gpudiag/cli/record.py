@@ -113,7 +113,9 @@ def _trace(name: str, device: str, size: dict[str, Any]) -> Callable[[Path], str
 
         step = _demo_step(name, device, size)
         # No Python stacks: they would carry this machine's file paths into the recording.
-        report = gd.profile(step, steps=2, warmup=1, trace_dir=path.parent, with_stack=False)
+        report = gd.profile(
+            step, steps=2, warmup=1, trace_dir=path.parent, with_stack=False, progress=False
+        )
         Path(report.rank().path).replace(path)
         return None
 
@@ -301,7 +303,7 @@ def replay_recording(folder: str | Path) -> list[str]:
             raise ReplayError(f"{entry['file']} holds no samples")
         done.append(entry["file"])
     for entry in _recorded(manifest, "trace"):
-        gd.analyze_trace(root / entry["file"])
+        gd.analyze_trace(root / entry["file"], progress=False)
         done.append(entry["file"])
     for entry in _recorded(manifest, "bench"):
         data = json.loads((root / entry["file"]).read_text())

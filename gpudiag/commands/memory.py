@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from typing import Any
 
 from gpudiag.commands.compare import parse_overrides
@@ -48,8 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def compute(args: argparse.Namespace, workload: Any = None) -> tuple[Any, Any]:
-    """(the result object, its findings) for the arguments; ``workload`` overrides the demo."""
+def compute(
+    args: argparse.Namespace, workload: Any = None, *, progress: bool = True
+) -> tuple[Any, Any]:
+    """(the result object, its findings) for the arguments; ``workload`` overrides the demo.
+    ``progress``: bars over the steps that run (estimate, measured steps, fit)."""
     from gpudiag.rules.memory import memory_findings
 
     if args.snapshot:
@@ -88,7 +92,7 @@ def compute(args: argparse.Namespace, workload: Any = None) -> tuple[Any, Any]:
     if args.fit:
         from gpudiag.experiment.fit import fit
 
-        result = fit(workload, args.budget)
+        result = fit(workload, args.budget, progress=progress)
         return result, memory_findings(fit=result)
     if args.estimate_only:
         est = estimate_memory(
@@ -97,6 +101,7 @@ def compute(args: argparse.Namespace, workload: Any = None) -> tuple[Any, Any]:
             optimizer=args.optimizer,
             checkpointing=args.checkpointing or None,
             parallelism=args.parallelism,
+            progress=progress,
         )
         from gpudiag.experiment.memory_report import parse_budget
 
@@ -105,13 +110,16 @@ def compute(args: argparse.Namespace, workload: Any = None) -> tuple[Any, Any]:
     from gpudiag.experiment.memory_report import memory
 
     report = memory(
-        workload, fixes=memory_fixes(args.precision, args.checkpointing), budget=args.budget
+        workload,
+        fixes=memory_fixes(args.precision, args.checkpointing),
+        budget=args.budget,
+        progress=progress,
     )
     return report, memory_findings(report=report)
 
 
 def run(args: argparse.Namespace) -> int:
-    result, findings = compute(args)
+    result, findings = compute(args, progress=not args.json and sys.stderr.isatty())
     if args.json:
         print(json.dumps({**result.to_dict(), "findings": findings.to_dict()}, indent=2))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from gpudiag.analysis.trace import analyze_trace
 
@@ -22,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = analyze_trace(args.files, include_last_step=args.include_last_step)
+    report = analyze_trace(
+        args.files,
+        include_last_step=args.include_last_step,
+        progress=not args.json and sys.stderr.isatty(),
+    )
     if args.json:
         data = report.to_dict()  # its "ledger" is where the time goes, row by row
         data["collectives"] = report.collectives().to_dict()

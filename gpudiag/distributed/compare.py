@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudiag._progress import ProgressFn, resolve, ticking
 from gpudiag._report import html_grid, jsonable
 from gpudiag.analysis.stats import Measurement, speedup_ci, verdict
 from gpudiag.distributed.launch import torchrun
@@ -254,6 +255,7 @@ def compare_distributed(
     confidence: float = 0.95,
     tolerance: float = 0.01,
     timeout_s: float = 600.0,
+    progress: bool | ProgressFn = True,
 ) -> DistributedComparison:
     """DDP (baseline) vs each ``fsdp.wrap`` arm on ``nproc`` ranks; see the module docstring.
 
@@ -263,7 +265,8 @@ def compare_distributed(
     ``static_graph``. ``accumulation``: micro-batches per optimizer step, gradients synced on
     the last only (DDP ``no_sync``, FSDP ``set_requires_gradient_sync``). Each arm runs
     ``memory_steps`` measured first steps (memory, losses), then ``rounds`` interleaved rounds
-    of ``steps_per_round`` timed steps.
+    of ``steps_per_round`` timed steps. ``progress``: the seconds waited on the ranks (a bar,
+    ``True``), none (``False``), or a callback.
     """
     started = time.perf_counter()
     if not isinstance(nproc, int) or nproc < 1:
@@ -305,7 +308,8 @@ def compare_distributed(
         "steps_per_round": int(steps_per_round),
     }
     t0 = time.perf_counter()
-    data = launch(plan, nproc, timeout_s=timeout_s)
+    with ticking(resolve(progress, "compare"), f"{nproc} ranks", "DDP and FSDP arms (torchrun)"):
+        data = launch(plan, nproc, timeout_s=timeout_s)
     measuring = time.perf_counter() - t0
     ranks = sorted(data["ranks"], key=lambda r: r["rank"])
 

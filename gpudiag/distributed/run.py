@@ -15,6 +15,7 @@ from contextlib import redirect_stdout
 from types import ModuleType
 from typing import Any
 
+from gpudiag._progress import ProgressFn
 from gpudiag.analysis.nccl import CollectiveResult
 from gpudiag.distributed.doctor import DOCTOR_CPU_SIZES, DistributedReport, gather_evidence
 from gpudiag.distributed.group import (
@@ -154,9 +155,12 @@ def doctor_job(
     profile: bool = True,
     sizes: Sequence[int] | None = None,
     timeout_s: float = 300.0,
+    progress: bool | ProgressFn = True,
 ) -> DistributedReport:
     """``torchrun --nproc-per-node=N -m gpudiag doctor --json`` started from this process (a
-    notebook), its merged report read back. gloo on a CPU; one GPU per rank with NCCL."""
+    notebook), its merged report read back. gloo on a CPU; one GPU per rank with NCCL.
+    ``progress``: the seconds waited on the ranks (a bar, ``True``), none, or a callback."""
+    from gpudiag._progress import resolve, ticking
     from gpudiag.distributed.launch import torchrun
 
     if nproc < 1:
@@ -168,7 +172,8 @@ def doctor_job(
         args.append("--no-profile")
     if sizes:
         args += ["--sizes", *(str(int(s)) for s in sizes)]
-    out = torchrun(args, nproc, timeout_s=timeout_s, check=False)
+    with ticking(resolve(progress, "doctor"), f"{nproc} ranks", "doctor on every rank (torchrun)"):
+        out = torchrun(args, nproc, timeout_s=timeout_s, check=False)
     try:
         return DistributedReport.from_dict(json.loads(out))
     except json.JSONDecodeError:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpudiag import _views
+from gpudiag import _measured, _views
 from gpudiag._progress import ProgressFn, closed_on_error, finish, report, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.stats import (
@@ -443,6 +443,7 @@ def compare(
     e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
     if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
+        distributed.setdefault("progress", progress)
         return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
     if distributed:
         raise GpuDiagError(f"unknown argument(s) {', '.join(sorted(distributed))} of compare")
@@ -502,7 +503,7 @@ def compare(
             "compiled arms: the first step (compilation) is excluded from the timings; "
             "see first_step_s"
         )
-    return Comparison(
+    comparison = Comparison(
         workload=workload.name,
         workload_description=workload.describe(),
         device=str(workload.device) if workload.model is not None else device_type,
@@ -523,6 +524,27 @@ def compare(
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system=system_facts,
     )
+    _remember(workload, comparison)
+    return comparison
+
+
+def _remember(workload: Workload, comparison: Comparison) -> None:
+    """Keep each arm's verdict for this process (gpudiag._measured): advice about a fix on
+    this workload reads the trial rather than a micro-benchmark's prediction."""
+    subject = workload.model if workload.model is not None else workload.step_fn
+    for arm in comparison.arms:
+        if arm.verdict is None or arm.speedup is None:
+            continue
+        trial = _measured.MeasuredTrial(
+            comparison.workload_description,
+            arm.label,
+            tuple(f.id for f in arm.fixes),
+            arm.verdict,
+            str(arm.speedup),
+            comparison.rounds,
+            comparison.created_at,
+        )
+        _measured.record_trial(subject, trial)
 
 
 # -- the protocol's phases, in the order compare() runs them -------------------------------

@@ -15,6 +15,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
     MemoryEstimateError,
@@ -152,6 +153,7 @@ def _traced_estimate(
     optimizer: str | None,
     checkpointing: Any,
     scale_by_batch: bool = True,
+    on_progress: ProgressFn | None = None,
 ) -> MemoryEstimate:
     if not workload.owns_step:
         traced_peak(workload, 1)  # raises the step-function error
@@ -160,12 +162,18 @@ def _traced_estimate(
         raise MemoryEstimateError("batch_size must be at least 1")
     fixes = memory_fixes(precision, checkpointing)
     factory: Any = "workload" if optimizer is None else optimizer_factory(optimizer)
-    peak, at_peak = traced_peak(workload, size, fixes, factory)
     other = size // 2 if size > 1 else 2
-    per_sample: int | None = None
-    if scale_by_batch and callable(workload.batch):  # a fixed batch has one size
-        other_peak, _ = traced_peak(workload, other, fixes, factory)
-        per_sample = max(0, round((peak - other_peak) / (size - other)))
+    second = scale_by_batch and callable(workload.batch)  # a fixed batch has one size
+    stages = Stages(on_progress, "traced step", 1 + second)
+    with closed_on_error(on_progress):
+        stages.next(f"two steps on fake tensors at batch {size}")
+        peak, at_peak = traced_peak(workload, size, fixes, factory)
+        per_sample: int | None = None
+        if second:
+            stages.next(f"two steps on fake tensors at batch {other}")
+            other_peak, _ = traced_peak(workload, other, fixes, factory)
+            per_sample = max(0, round((peak - other_peak) / (size - other)))
+    stages.finish()
     n_params = sum(p.numel() for p in workload.model.parameters())
     return MemoryEstimate(
         peak_bytes=int(peak),
@@ -202,6 +210,7 @@ def estimate_memory(
     inputs: Any = None,
     training: bool = True,
     scale_by_batch: bool = True,
+    progress: bool | ProgressFn = True,
 ) -> MemoryEstimate:
     """Peak memory of one training step per GPU, before running it.
 
@@ -213,7 +222,8 @@ def estimate_memory(
     the workload's, AdamW for a config); ``checkpointing``: True/'full' or every n blocks;
     ``parallelism``: ``"fsdp:8"``, ``"ddp:4,tp:2"``, a dict or ``Parallelism``.
     ``scale_by_batch``: trace a second, smaller batch for the bytes per sample (``at_batch``,
-    ``largest_batch``); off, one trace only.
+    ``largest_batch``); off, one trace only. ``progress``: a bar over the traced steps
+    (``True``; the formula route is instant), none (``False``), or a callback.
     """
     if workload_or_model is None:
         raise MemoryEstimateError("give a gd.Workload, an nn.Module with inputs=, or a config")
@@ -230,6 +240,7 @@ def estimate_memory(
             optimizer=optimizer,
             checkpointing=checkpointing,
             scale_by_batch=scale_by_batch,
+            on_progress=resolve(progress, "estimate"),
         )
         return with_parallelism(est, parallelism)
 
@@ -269,6 +280,7 @@ def estimate_memory(
             precision=precision,
             checkpointing=checkpointing,
             parallelism=parallelism,
+            progress=progress,
         )
     raise MemoryEstimateError(
         f"cannot estimate the memory of a {type(workload_or_model).__name__}: give a gd.Workload, "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
 from gpudiag.errors import GpuDiagError
@@ -167,10 +168,15 @@ def _whatif(
     fixes: tuple[str, ...],
     budget: int,
     micro: int,
+    stages: Stages | None = None,
     **kwargs: Any,
 ) -> WhatIf:
+    if stages is not None:
+        stages.next(f"what-if: {label}")
     try:
-        est = estimate_memory(workload, batch_size=micro, scale_by_batch=False, **kwargs)
+        est = estimate_memory(
+            workload, batch_size=micro, scale_by_batch=False, progress=False, **kwargs
+        )
     except GpuDiagError as exc:
         return WhatIf(label, fixes, None, None, f"not available: {str(exc).split(';')[0]}")
     return WhatIf(
@@ -190,10 +196,13 @@ def fit(
     confirm: bool = True,
     fsdp_degrees: tuple[int, ...] = (2, 4, 8),
     system: SystemReport | None = None,
+    progress: bool | ProgressFn = True,
 ) -> FitResult:
     """The largest micro-batch of ``workload`` that fits ``memory_budget`` (bytes or "8GiB";
     default: the device's free memory), the accumulation that keeps its batch, and a what-if
-    table of memory fixes. ``confirm`` runs one measured step at the answer (on a copy)."""
+    table of memory fixes. ``confirm`` runs one measured step at the answer (on a copy).
+    ``progress``: a bar naming each estimate and measured step as it runs (``True``), none
+    (``False``), or a callback."""
     if not isinstance(workload, Workload) or not workload.owns_step:
         raise WorkloadError("gd.fit needs a gd.Workload with model= and batch=")
     if workload.dataloader is not None and workload.batch is None:
@@ -202,9 +211,27 @@ def fit(
         budget, source = default_budget(workload, system)
     else:
         budget, source = int(parse_budget(memory_budget) or 0), "given"
-    notes: list[str] = []
     global_batch = workload.batch_size
-    est = estimate_memory(workload)
+    # The estimate, up to three measured steps and the what-ifs (each a traced step).
+    stages = Stages(resolve(progress, "fit"), "step", 7)
+    with closed_on_error(stages.on_progress):
+        result = _fit(workload, budget, source, global_batch, confirm, fsdp_degrees, stages)
+    stages.finish()
+    return result
+
+
+def _fit(
+    workload: Workload,
+    budget: int,
+    source: str,
+    global_batch: int,
+    confirm: bool,
+    fsdp_degrees: tuple[int, ...],
+    stages: Stages,
+) -> FitResult:
+    notes: list[str] = []
+    stages.next("the estimate at the workload's batch")
+    est = estimate_memory(workload, progress=False)
     largest = est.largest_batch(budget) if est.per_sample_bytes is not None else None
     scalable = largest
     if largest is None:
@@ -215,6 +242,7 @@ def fit(
     confirmed, measured = False, None
     if confirm and micro is not None:
         for size in candidates[:3]:
+            stages.next(f"a measured step at micro-batch {size}")
             peak, oom = capped_peak(workload, budget, batch_size=size)
             if oom is None:
                 micro, confirmed, measured = size, True, peak
@@ -245,11 +273,18 @@ def fit(
                 (f"batch.size:micro_batch={micro},accumulation={accumulation}",),
                 budget,
                 micro,
+                stages,
             )
         )
     whatifs.append(
         _whatif(
-            workload, "bf16 autocast", ("precision.bf16",), budget, global_batch, precision="bf16"
+            workload,
+            "bf16 autocast",
+            ("precision.bf16",),
+            budget,
+            global_batch,
+            stages,
+            precision="bf16",
         )
     )
     whatifs.append(
@@ -259,6 +294,7 @@ def fit(
             ("activation.checkpointing",),
             budget,
             global_batch,
+            stages,
             checkpointing=True,
         )
     )
@@ -269,6 +305,7 @@ def fit(
             ("precision.bf16", "activation.checkpointing"),
             budget,
             global_batch,
+            stages,
             precision="bf16",
             checkpointing=True,
         )
@@ -297,7 +334,9 @@ def fit(
         )
     else:
         whatifs.append(
-            _whatif(workload, "8-bit optimizer", (), budget, global_batch, optimizer="adam8bit")
+            _whatif(
+                workload, "8-bit optimizer", (), budget, global_batch, stages, optimizer="adam8bit"
+            )
         )
     whatifs.append(
         WhatIf(

@@ -178,7 +178,8 @@ _OPERATOR_COLORS = ("#f58518", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#ff9
 def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) -> Any:
     """Where a CPU step's host time goes: by phase (backward, data loading, the rest) and by
     operator (self time of the ``top`` operators, the rest as "other"), as shares of the
-    profiled steps' wall time."""
+    profiled steps' wall time. The title gives a profiled step's time, which includes the
+    profiler's overhead: a step's own time is measured without it (``Diagnosis.step_time``)."""
     title = "where the step's time goes (host)"
     steps = [s for s in report.steps(rank) if s.in_window] or list(report.steps(rank))
     step_us = sum(s.duration_us for s in steps)
@@ -204,7 +205,8 @@ def cpu_step_figure(report: TraceReport, rank: int | None = None, top: int = 5) 
     rest = max(step_us - sum(o.self_us for o in by_self[:top]), 0.0)
     _share_bar(fig, "by operator", "other operators and Python", rest, step_us, "#bab0ac")
     fig.update_layout(
-        title=f"{title}: {len(steps)} step(s), {step_us / len(steps) / 1000:.1f} ms each",
+        title=f"{title}: {len(steps)} profiled step(s), {step_us / len(steps) / 1000:.1f} ms "
+        "each under the profiler",
         barmode="stack",
         xaxis_title="% of step time",
         xaxis_range=[0, 100],

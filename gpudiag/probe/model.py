@@ -201,8 +201,14 @@ class HostInfo:
 
     @property
     def cpu_bf16_fast(self) -> bool:
-        """The old name of ``cpu_bf16_instructions``: flags only, nothing measured."""
-        return self.cpu_bf16_instructions
+        """Gone: it read the flags as a speed. The flags are ``cpu_bf16_instructions``; the
+        speed is measured (``gd.bench.cpu_bf16_speed()``, an answer with its interval)."""
+        raise AttributeError(
+            "HostInfo.cpu_bf16_fast is gone: CPU flags say bf16 has instructions "
+            "(host.cpu_bf16_instructions), not that it is faster. gd.bench.cpu_bf16_speed() "
+            "measures it (once per process): .answer is 'faster', 'slower' or 'undecided', "
+            "with its interval"
+        )
 
 
 def record_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:

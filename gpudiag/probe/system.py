@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _measured
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.errors import ReplayError
 from gpudiag.probe import cuda
@@ -103,6 +104,15 @@ class SystemReport:
         return (self.cuda_gpus or self.gpus or (None,))[0]
 
     @property
+    def cpu_bf16_speed(self) -> Any | None:
+        """This process's measured bf16/fp32 matmul speed (``gpudiag.bench.cpu_bf16``: its
+        ``answer``, ratio and interval), the one the precision advice reads; None before
+        anything measured it, and for a recording (its CPU is not this one)."""
+        if self.is_recording:
+            return None
+        return _measured.fact("cpu_bf16_speed")
+
+    @property
     def no_gpu_reason(self) -> str:
         if self.gpus:
             return ""
@@ -112,6 +122,9 @@ class SystemReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe; also the gpudiag snapshot format that ``--replay`` reads back."""
         out = {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        speed = self.cpu_bf16_speed
+        if speed is not None:  # measured in this process, not read from the machine
+            out["measured"] = {"cpu_bf16_speed": jsonable(speed)}
         return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, **out}
 
     @classmethod
@@ -143,8 +156,13 @@ class SystemReport:
             memory += f" ({_gib(h.memory_available_bytes)} free)"
         out.append(f"Host     {h.cpu_model.get('unknown CPU')}, {cores}, {memory} RAM")
         if h.cpu_flags:
-            bf16 = "yes, speed not measured" if h.cpu_bf16_instructions else "no"
+            bf16 = "yes" if h.cpu_bf16_instructions else "no"
+            speed = self.cpu_bf16_speed
+            if h.cpu_bf16_instructions and speed is None:
+                bf16 += ", speed not measured: gd.bench.cpu_bf16_speed()"
             out.append(f"         CPU flags: {' '.join(h.cpu_flags)} (bf16 instructions: {bf16})")
+            if speed is not None:
+                out.append(f"         {speed}")
         if t.version.ok:
             out.append(
                 f"Torch    {t.version.value} ({t.build} build), {t.num_threads.get('?')} threads, "
@@ -184,6 +202,14 @@ class SystemReport:
     def __repr__(self) -> str:
         return "\n".join(self.lines())
 
+    def _bf16_cell(self) -> str:
+        speed = self.cpu_bf16_speed
+        if speed is not None:
+            return str(speed)
+        if self.host.cpu_bf16_instructions:
+            return "bf16 instructions; speed not measured: gd.bench.cpu_bf16_speed()"
+        return "no bf16 instructions"
+
     def _driver_cell(self, reading: Reading[Any]) -> str:
         # Without a GPU the driver readings share the no-GPU reason, said once below the table.
         if not self.gpus and not reading.ok and reading.reason == self.no_gpu_reason:
@@ -197,6 +223,7 @@ class SystemReport:
             ("cores", f"{h.logical_cores.display()} logical, {h.numa_nodes.display()} NUMA"),
             ("memory", f"{_gib(h.memory_total_bytes)} ({_gib(h.memory_available_bytes)} free)"),
             ("ML CPU flags", " ".join(h.cpu_flags) or "none"),
+            ("bf16 speed", self._bf16_cell()),
             ("torch", f"{h.torch.version.display()} ({h.torch.build})"),
         ]
         if self.is_recording and not (h.cpu_model.ok or h.logical_cores.ok or h.torch.version.ok):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._native_stderr import quiet_profiler_stderr
-from gpudiag._progress import ProgressFn, finish, report
+from gpudiag._progress import ProgressFn, finish, report, resolve
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe import cuda
 
@@ -53,6 +53,7 @@ def profile(
     profile_memory: bool = True,
     with_stack: bool = True,
     on_progress: ProgressFn | None = None,
+    progress: bool | ProgressFn = True,
     **kwargs: Any,
 ) -> TraceReport:
     """Call ``fn(*args, **kwargs)`` ``wait + warmup + steps`` times under ``torch.profiler``.
@@ -65,8 +66,10 @@ def profile(
     (``trace_dir`` defaults to ``./gpudiag_traces``) and analysed with every step kept
     (the GPU is synchronised before the last step ends, so its kernels are complete).
 
-    ``on_progress`` gets a ``Progress("profile", calls done, calls in all)`` after each call
-    and ``finished`` once the trace is saved (before it is analysed).
+    ``progress``: a bar over the calls (``True``), none (``False``), or a callback that gets a
+    ``Progress("profile", calls done, calls in all)`` after each call and ``finished`` once the
+    trace is saved (before it is analysed); ``on_progress``, when given, is that callback
+    (and ``progress`` is then ignored).
 
     On a machine without CUDA the trace is CPU-only: the report says what it can tell (CPU
     operators, steps, DataLoader share, host-copy operators) and what it cannot.
@@ -74,6 +77,8 @@ def profile(
     """
     if not callable(fn):
         raise GpuDiagError(f"profile() needs a function to call, got {type(fn).__name__}.")
+    if on_progress is None:
+        on_progress = resolve(progress, "profile")
     steps = _count("steps", steps, 1)
     warmup = _count("warmup", warmup, 0)
     wait = _count("wait", wait, 0)
@@ -113,4 +118,4 @@ def profile(
     finish(on_progress, "profile")
     if not saved:  # pragma: no cover - torch calls on_trace_ready after the last active step
         raise GpuDiagError("torch.profiler produced no trace; nothing to analyse.")
-    return analyze_trace(path, include_last_step=True)
+    return analyze_trace(path, include_last_step=True, progress=on_progress or False)

@@ -24,11 +24,15 @@ __all__ = [
     "FAMILIES",
     "NEEDS",
     "REGISTRY",
+    "REVISERS",
     "Diagnosis",
     "EvidenceBundle",
+    "Reviser",
     "Rule",
     "RuleFn",
+    "StepTime",
     "load_rules",
+    "revises",
     "rule",
     "run_rules",
 ]
@@ -84,10 +88,61 @@ def rule(rule_id: str, *, category: str, needs: tuple[str, ...]) -> Callable[[Ru
     return register
 
 
+# A rule whose advice is a prediction (a micro-benchmark's) registers how its finding reads
+# once a trial of its fix on the diagnosed workload has been measured in this process: the
+# measurement replaces the prediction, in every diagnosis shown after it.
+Reviser = Callable[[Finding, Any], Finding]
+REVISERS: dict[str, Reviser] = {}
+
+
+def revises(rule_id: str) -> Callable[[Reviser], Reviser]:
+    """Register ``reviser(finding, workload)``: the finding of ``rule_id`` as it stands now."""
+
+    def register(fn: Reviser) -> Reviser:
+        REVISERS[rule_id] = fn
+        return fn
+
+    return register
+
+
 def load_rules() -> dict[str, Rule]:
     for family in FAMILIES:
         importlib.import_module(f"gpudiag.rules.{family}")
     return REGISTRY
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The step's own time (measured without the profiler, ``seconds``, with ``source``
+    saying how) beside what one profiled step took (``profiled_s``: the trace's steps, whose
+    time includes the profiler's overhead). Either may be None, with the reason in
+    ``source``."""
+
+    seconds: float | None
+    source: str
+    profiled_s: float | None = None
+
+    def text(self) -> str:
+        own = (
+            f"step time {_ms(self.seconds)}, {self.source}"
+            if self.seconds is not None
+            else f"step time not measured without the profiler ({self.source})"
+        )
+        if self.profiled_s is None:
+            return own
+        return (
+            f"{own}; a profiled step took {_ms(self.profiled_s)} (the profiler's overhead "
+            "included: the trace's shares, not its durations, describe the step)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(
+            {"seconds": self.seconds, "source": self.source, "profiled_s": self.profiled_s}
+        )
 
 
 @dataclass(frozen=True)
@@ -106,11 +161,23 @@ class Diagnosis:
     # What ``try_fix`` runs: ``trial(workload, fixes, system=..., **options)``; set by the one
     # that diagnosed (``gd.diagnose`` hands ``gd.compare``), so the rules never run a trial.
     trial: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+    # The diagnosed step's own time and the profiled step's (set by gd.diagnose).
+    step_time: StepTime | None = field(default=None, repr=False, compare=False)
+
+    def current(self) -> tuple[Finding, ...]:
+        """The findings as they stand now, in their order: one whose advice was a
+        micro-benchmark's prediction reads as the trial of its fix on this workload measured
+        it, when ``gd.compare`` has measured one in this process since (see ``revises``)."""
+        if self.workload is None or not REVISERS:
+            return self.findings
+        return tuple(
+            REVISERS[f.rule](f, self.workload) if f.rule in REVISERS else f for f in self.findings
+        )
 
     def recommended(self) -> list[Any]:
         """The ``gd.Fix`` objects worth trying, best first (one per fix id)."""
         fixes, seen = [], set()
-        for f in self.findings:
+        for f in self.current():
             if f.fix is not None and f.severity is not Severity.INFO and f.fix.id not in seen:
                 seen.add(f.fix.id)
                 fixes.append(f.fix.to_fix())
@@ -160,10 +227,11 @@ class Diagnosis:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_dict() for f in self.current()],
             "not_evaluated": [jsonable(n) for n in self.not_evaluated],
             "evaluated": list(self.evaluated),
             "sources": list(self.sources),
+            "step_time": jsonable(self.step_time),
         }
 
     def lines(self) -> list[str]:
@@ -171,7 +239,9 @@ class Diagnosis:
             f"gpudiag diagnose: {len(self.findings)} findings "
             f"({', '.join(self.sources) or 'no evidence'})"
         ]
-        for f in self.findings:
+        if self.step_time is not None:
+            out.append(f"  {self.step_time.text()}")
+        for f in self.current():
             out += f.lines()
         if not self.findings:
             out.append("no findings from the rules that could run")
@@ -198,7 +268,9 @@ class Diagnosis:
         return "\n".join(self.lines())
 
     def _repr_html_(self) -> str:
-        body = "".join(f.html() for f in self.findings) or "<p>No findings.</p>"
+        body = "".join(f.html() for f in self.current()) or "<p>No findings.</p>"
+        if self.step_time is not None:
+            body = f"<div class='gpudiag-step-time'>{esc(self.step_time.text())}</div>" + body
         if self.not_evaluated:
             body += not_evaluated_html(self.not_evaluated)
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))

@@ -11,7 +11,7 @@ from gpudiag.analysis.trace.kernels import is_tensor_core_eligible_op
 from gpudiag.analysis.trace.ledger import GEMM_CUDA_CORES
 from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import span_us, trace_device, trace_source
-from gpudiag.rules.engine import EvidenceBundle, rule
+from gpudiag.rules.engine import EvidenceBundle, revises, rule
 from gpudiag.rules.finding import (
     Evidence,
     Finding,
@@ -23,7 +23,6 @@ from gpudiag.rules.finding import (
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
-    from gpudiag.analysis.trace.shapes import GemmShape
 
 CATEGORY = "precision"
 
@@ -221,31 +220,38 @@ def _reduced_precision_matmul_share(trace: TraceReport | None) -> float | None:
     return sum(g.cpu_us for g in gemms if g.dtype in {"bf16", "fp16"}) / total
 
 
-# The step's own matmuls timed for CPU bf16 advice: the largest by host time until they
-# cover this share of its fp32 matmul time, at most MAX_TIMED_MATMULS of them.
+# The step's own matmuls timed for CPU bf16 advice: the largest by FLOPs (a step makes the same
+# products every time; host times in a profiled step move with the machine's load, and picking
+# by them picked other shapes from run to run, with bf16 ratios from 0.4x to 1.6x) until they
+# cover this share of its fp32 matmul FLOPs, at most MAX_TIMED_MATMULS of them.
 TIMED_MATMUL_SHARE = 0.8
 MAX_TIMED_MATMULS = 4
 
 
-def _fp32_matmuls(trace: TraceReport | None) -> tuple[list[GemmShape], float]:
-    """The step's largest fp32 matmul shapes by host time (see TIMED_MATMUL_SHARE) and the
-    share of its fp32 matmul time they cover; ([], 0) without a trace that recorded shapes."""
-    gemms = sorted(
-        (
-            g
-            for g in (trace.gemm_shapes() if trace is not None else ())
-            if g.dtype in (None, "fp32") and not g.in_attention and g.cpu_us > 0
-        ),
-        key=lambda g: g.cpu_us,
-        reverse=True,
-    )
-    total = sum(g.cpu_us for g in gemms)
-    chosen: list[GemmShape] = []
-    for g in gemms[:MAX_TIMED_MATMULS]:
-        chosen.append(g)
-        if sum(c.cpu_us for c in chosen) >= TIMED_MATMUL_SHARE * total:
+def _fp32_matmuls(
+    trace: TraceReport | None,
+) -> tuple[list[tuple[tuple[int, int, int], int]], float]:
+    """The step's largest fp32 matrix products by FLOPs, each (M, N, K) with how many a step
+    makes (see TIMED_MATMUL_SHARE), and the share of its fp32 matmul FLOPs they cover; ([], 0)
+    without a trace that recorded shapes."""
+    calls: dict[tuple[int, int, int], int] = {}
+    for g in trace.gemm_shapes() if trace is not None else ():
+        if g.dtype in (None, "fp32") and not g.in_attention and g.count > 0:
+            shape = (g.dims.m, g.dims.n, g.dims.k)
+            calls[shape] = calls.get(shape, 0) + g.count * g.dims.batch
+
+    def flops(item: tuple[tuple[int, int, int], int]) -> int:
+        (m, n, k), count = item
+        return 2 * m * n * k * count
+
+    ranked = sorted(calls.items(), key=lambda item: (-flops(item), item[0]))
+    total = sum(flops(item) for item in ranked)
+    chosen: list[tuple[tuple[int, int, int], int]] = []
+    for item in ranked[:MAX_TIMED_MATMULS]:
+        chosen.append(item)
+        if sum(flops(c) for c in chosen) >= TIMED_MATMUL_SHARE * total:
             break
-    return chosen, (sum(c.cpu_us for c in chosen) / total if total else 0.0)
+    return chosen, (sum(flops(c) for c in chosen) / total if total else 0.0)
 
 
 def _fp32_params(model: Any) -> bool:
@@ -255,7 +261,72 @@ def _fp32_params(model: Any) -> bool:
     return bool(params) and all(p.dtype == torch.float32 for p in params)
 
 
-@rule("precision.cpu_bf16", category=CATEGORY, needs=("system", "workload"))
+CPU_BF16_RULE = "precision.cpu_bf16"
+# The finding's own evidence about the host and the model, kept when a trial revises it.
+_HOST_EVIDENCE = ("CPU", "bf16 instructions", "parameter dtype")
+
+
+def _bf16_trial(workload: Any) -> Any:
+    """The decisive trial of precision.bf16 on this workload measured in this process."""
+    from gpudiag import _measured
+
+    subject = workload.model if workload.model is not None else workload.step_fn
+    measured = _measured.trial(subject, workload.describe(), "precision.bf16")
+    return measured if measured is not None and measured.decisive else None
+
+
+def _trial_finding(measured: Any, items: tuple[Evidence, ...]) -> Finding:
+    """The bf16 advice from a measured trial of precision.bf16 on the step itself."""
+    evidence = (
+        *items,
+        Evidence(
+            "precision.bf16 on this step",
+            f"{measured.verdict}, {measured.speedup}",
+            "",
+            measured.source,
+        ),
+    )
+    threshold = (
+        "a trial of precision.bf16 on this workload (gd.compare, in this process): it replaces "
+        "the matmul micro-benchmark"
+    )
+    if measured.verdict == "faster":
+        return Finding(
+            "precision.cpu_fp32_with_bf16",
+            Severity.MEDIUM,
+            CATEGORY,
+            f"bf16 autocast measured faster on this step: {measured.speedup}",
+            evidence,
+            threshold=threshold,
+            fix=FixRef("precision.bf16"),
+            instruction="keep it: comparison.recipe() carries it to a training script",
+            rule=CPU_BF16_RULE,
+        )
+    return Finding(
+        "precision.cpu_bf16_not_faster",
+        Severity.INFO,
+        CATEGORY,
+        f"bf16 autocast measured {measured.verdict} on this step ({measured.speedup}): not a "
+        "reason to switch to bf16",
+        evidence,
+        threshold=threshold,
+        instruction="keep fp32 for this step",
+        rule=CPU_BF16_RULE,
+    )
+
+
+@revises(CPU_BF16_RULE)
+def _measured_since(finding: Finding, workload: Any) -> Finding:
+    """A diagnosis shown after gd.compare measured precision.bf16 on its workload reads the
+    trial, not the micro-benchmark it was made with."""
+    measured = _bf16_trial(workload)
+    if measured is None:
+        return finding
+    items = tuple(e for e in finding.evidence if e.name in _HOST_EVIDENCE)
+    return _trial_finding(measured, items)
+
+
+@rule(CPU_BF16_RULE, category=CATEGORY, needs=("system", "workload"))
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
     workload = evidence.workload_given
@@ -274,28 +345,27 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     if evidence.system_report.is_recording:
         return  # a recorded machine's CPU cannot be measured from here
-    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed, workload_bf16_speed
-
-    # The flags say bf16 has instructions, not that torch runs it faster: measure (cached),
-    # on the step's own largest fp32 matmul when a trace with shapes says which it is.
-    own, covered = _fp32_matmuls(evidence.trace)
-    speed = (
-        workload_bf16_speed(
-            [((g.dims.m, g.dims.n, g.dims.k), g.cpu_us) for g in own], covered=covered
-        )
-        if own
-        else cpu_bf16_speed()
-    )
     flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in host.cpu_flags]
     items = [
         Evidence("CPU", host.cpu_model.get("unknown"), source="host"),
         Evidence("bf16 instructions", ", ".join(flags), source="host (cpu flags)"),
         Evidence("parameter dtype", "float32", source="workload"),
     ]
+    measured = _bf16_trial(workload)
+    if measured is not None:  # the step itself was measured: no prediction is needed
+        yield _trial_finding(measured, tuple(items))
+        return
+    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed, workload_bf16_speed
+
+    # The flags say bf16 has instructions, not that torch runs it faster: measure (cached),
+    # on the step's own largest fp32 matmul when a trace with shapes says which it is.
+    own, covered = _fp32_matmuls(evidence.trace)
+    speed = workload_bf16_speed(own, covered=covered) if own else cpu_bf16_speed()
     if speed.measured:
         items.append(
             Evidence("bf16 / fp32 matmul speed", round(speed.ratio or 0.0, 2), "x", speed.source)
         )
+        items.append(Evidence("its interval", speed.interval, source=speed.source))
     if reduced is not None:
         items.append(
             Evidence(
@@ -308,13 +378,30 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     whose = "the step's own matmuls" if own else "its matmuls"
     threshold = (
         f"fp32 parameters on a CPU with AVX512-BF16 or AMX where bf16 measured at least "
-        f"{FAST_RATIO:.2f}x the speed of fp32 (on the step's own matmuls when a trace with "
-        "shapes is at hand, else a 512-cubed product), and under half of the traced matmul "
-        "time in bf16/fp16"
+        f"{FAST_RATIO:.2f}x the speed of fp32 over the whole {speed.confidence:.0%} interval "
+        "(on the step's own matmuls when a trace with shapes is at hand, else a 512-cubed "
+        "product), and under half of the traced matmul time in bf16/fp16; an interval "
+        f"across {FAST_RATIO:.2f}x is undecided; a trial of precision.bf16 on the step "
+        "replaces the micro-benchmark"
     )
-    if not speed.fast:
+    low, high = speed.low, speed.high
+    if speed.measured and low is not None and high is not None and low < FAST_RATIO <= high:
+        yield Finding(
+            "precision.cpu_bf16_undecided",
+            Severity.LOW,
+            CATEGORY,
+            f"this CPU has bf16 instructions; {whose} in bf16 measured {speed.ratio:.2f}x the "
+            f"speed of fp32 ({speed.interval}): undecided whether bf16 autocast pays here, "
+            "a trial on the step decides",
+            tuple(items),
+            threshold=threshold,
+            fix=FixRef("precision.bf16"),
+            instruction="gd.compare measures bf16 autocast on the whole step",
+        )
+        return
+    if not (speed.measured and low is not None and low >= FAST_RATIO):
         what = (
-            f"measured {speed.ratio:.2f}x the speed of fp32 here"
+            f"measured {speed.ratio:.2f}x the speed of fp32 here ({speed.interval})"
             if speed.measured
             else f"could not be measured ({speed.reason})"
         )
@@ -329,13 +416,14 @@ def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
             instruction="keep fp32; re-measure with gd.bench.matmul(dtypes=['fp32', 'bf16'])",
         )
         return
-    faster = "several times" if (speed.ratio or 0.0) >= 2.5 else f"{speed.ratio:.1f}x"
+    ratio = speed.ratio or 0.0
+    faster = "several times" if ratio >= 2.5 else f"{ratio:.1f}x"
     yield Finding(
         "precision.cpu_fp32_with_bf16",
         Severity.MEDIUM,
         CATEGORY,
         f"the workload trains in fp32 on a CPU where {whose} in bf16 measured {faster} faster "
-        "than fp32: bf16 autocast should speed up its matmuls",
+        f"than fp32 ({speed.interval}): bf16 autocast should speed up its matmuls",
         tuple(items),
         threshold=threshold,
         fix=FixRef("precision.bf16"),

@@ -23,10 +23,20 @@ def figure_widget(figure: Any) -> Any:
 
 def comparison_view(comparison: Any) -> Any:
     """The comparison figure (step-time distributions, speedup with its interval, peak memory)
-    above the comparison's table."""
+    above the comparison's table; where widgets cannot be drawn (a terminal, nbconvert, a
+    static page), the comparison's text and table."""
     import ipywidgets as widgets
 
-    return widgets.VBox(
+    from gpudiag.ui.fallback import TextFallback
+
+    class ComparisonView(TextFallback, widgets.VBox):
+        def fallback_text(self) -> str:
+            return repr(comparison)
+
+        def fallback_html(self) -> str:
+            return str(comparison._repr_html_())
+
+    return ComparisonView(
         [
             figure_widget(_views.build("figure", comparison)),
             widgets.HTML(comparison._repr_html_(), layout=widgets.Layout(width="100%")),
@@ -36,10 +46,7 @@ def comparison_view(comparison: Any) -> Any:
 
 
 def _comparison_bundle(comparison: Any) -> dict[str, Any]:
-    bundle: dict[str, Any] = comparison_view(comparison)._repr_mimebundle_() or {}
-    # Front ends without widgets (nbconvert, a static page) fall back to the table.
-    bundle["text/html"] = comparison._repr_html_()
-    bundle["text/plain"] = repr(comparison)
+    bundle: dict[str, Any] = comparison_view(comparison)._repr_mimebundle_()
     return bundle
 
 
@@ -53,5 +60,7 @@ def register_displays(ipython: Any) -> None:
 
 def unregister_displays(ipython: Any) -> None:
     formatter = getattr(getattr(ipython, "display_formatter", None), "mimebundle_formatter", None)
-    if formatter is not None:
-        formatter.pop(".".join(_COMPARISON), None)
+    # A name registered again after the type was first shown sits both in IPython's deferred
+    # printers and in its type printers; one pop takes only the first.
+    while formatter is not None and formatter.pop(".".join(_COMPARISON), None) is not None:
+        pass

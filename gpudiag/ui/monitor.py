@@ -31,6 +31,7 @@ from gpudiag.monitoring.projection import (
     nodes_of,
     one_node,
 )
+from gpudiag.ui.fallback import TextFallback
 
 WINDOW_CHOICES_S: tuple[tuple[str, float], ...] = (
     ("30 s", 30.0),
@@ -332,11 +333,19 @@ class MonitorChart(anywidget.AnyWidget):
         super().close()
 
 
-class MonitorView(widgets.VBox):
+class MonitorView(TextFallback, widgets.VBox):
     """The control bar (metrics, window, pause, stop) above the strip charts.
 
     Closing the view stops the monitor: no sampler outlives its widget.
     """
+
+    def fallback_text(self) -> str:
+        """The monitor's status (``m.summary()`` for the figures), where widgets cannot be
+        drawn."""
+        return f"{self.monitor!r}\n  m.summary(), m.samples(), m.stop()"
+
+    def fallback_html(self) -> str:
+        return str(self.monitor._repr_html_())
 
     def __init__(self, monitor: Monitor, *, push_interval_s: float = 0.25) -> None:
         self.monitor = monitor

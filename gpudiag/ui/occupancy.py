@@ -17,6 +17,7 @@ from gpudiag.analysis.occupancy import (
 )
 from gpudiag.errors import GpuDiagError
 from gpudiag.specs import cc_limits, known_compute_capabilities, parse_compute_capability
+from gpudiag.ui.fallback import TextFallback
 
 _KIB = 1024
 _DEFAULT_CARVEOUT = "default"
@@ -40,13 +41,22 @@ def _cc_options() -> list[tuple[str, tuple[int, int]]]:
     return options
 
 
-class OccupancyExplorer(widgets.VBox):
+class OccupancyExplorer(TextFallback, widgets.VBox):
     """Sliders (threads, registers, shared memory), a compute-capability and carveout choice,
     the resulting :class:`Occupancy` and a plot of occupancy against block size.
 
     ``occupancy`` is the current result (None while the inputs are invalid); ``refresh()``
     recomputes (the controls call it themselves).
     """
+
+    def fallback_text(self) -> str:
+        """The current occupancy (sliders need a widget front end)."""
+        if self.occupancy is None:
+            return "Occupancy explorer: the inputs are not valid (see the message in the widget)"
+        return repr(self.occupancy)
+
+    def fallback_html(self) -> str:
+        return str(self.result.value)
 
     def __init__(
         self,

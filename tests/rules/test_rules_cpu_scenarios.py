@@ -41,11 +41,13 @@ def one_thread() -> Iterator[None]:
 
 @functools.cache
 def host_has_bf16() -> bool:
-    """bf16 instructions, and bf16 matmuls measured faster than fp32 (what the rule reads)."""
-    from gpudiag.bench.cpu_bf16 import cpu_bf16_speed
+    """bf16 instructions, and bf16 matmuls measured fast enough to recommend (what the rule
+    reads: the whole interval at or above FAST_RATIO)."""
+    from gpudiag.bench.cpu_bf16 import FAST_RATIO, cpu_bf16_speed
     from gpudiag.probe.system import inspect
 
-    return bool(inspect().host.cpu_bf16_instructions) and cpu_bf16_speed().fast
+    speed = cpu_bf16_speed()
+    return bool(inspect().host.cpu_bf16_instructions) and (speed.low or 0.0) >= FAST_RATIO
 
 
 def autocast_bf16(workload: Workload) -> Workload:

@@ -273,16 +273,20 @@ def test_cpu_bf16_advice_is_quiet_when_the_step_already_autocasts(
 ) -> None:
     import torch
 
+    from gpudiag import _measured
     from gpudiag.bench import cpu_bf16
     from gpudiag.workloads import mlp
 
     # bf16 measured faster on every product (injected): the advice then depends on the
     # trace's matmul dtypes alone.
     def measured(*_: Any, shape: Any = None) -> cpu_bf16.Bf16Speed:
-        return cpu_bf16.Bf16Speed(2.0, 3.0, 1.5, threads=1, shape=shape)
+        rounds = (1.9, 2.0, 2.1) * 5
+        return cpu_bf16.Bf16Speed(
+            2.0, 3.0, 1.5, threads=1, shape=shape, low=1.9, high=2.1, rounds=rounds
+        )
 
     monkeypatch.setattr(cpu_bf16, "measure_bf16_speed", measured)
-    monkeypatch.setattr(cpu_bf16, "_MEASURED", None)
+    monkeypatch.delitem(_measured._facts, cpu_bf16.FACT, raising=False)
     monkeypatch.setattr(cpu_bf16, "_BY_SHAPE", {})
 
     fp32 = mlp.build(batch_size=32, in_features=32, hidden=64)

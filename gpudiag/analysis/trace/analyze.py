@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag.analysis.costed_ops import dtype_of
 from gpudiag.analysis.trace.attention import attention_use
 from gpudiag.analysis.trace.breakdown import (
@@ -428,7 +429,10 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
 
 
 def analyze_trace(
-    path_or_paths: PathLike | Iterable[PathLike], *, include_last_step: bool = False
+    path_or_paths: PathLike | Iterable[PathLike],
+    *,
+    include_last_step: bool = False,
+    progress: bool | ProgressFn = True,
 ) -> TraceReport:
     """Analyse Kineto / torch.profiler traces: one file per rank (or a folder of them).
 
@@ -436,7 +440,17 @@ def analyze_trace(
     ``ProfilerStep`` ranges the last step is left out of the aggregates unless
     ``include_last_step`` (HTA does the same, so the numbers compare). Raises
     ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated or empty file; what a
-    readable trace cannot tell is listed in ``report.notes``.
+    readable trace cannot tell is listed in ``report.notes``. ``progress``: a bar over the
+    files read and the analysis (``True``; a few seconds per 100 MB of JSON), or a callback.
     """
     files = _expand(path_or_paths)
-    return analyze_traces([load_trace(p) for p in files], include_last_step=include_last_step)
+    stages = Stages(resolve(progress), "trace", len(files) + 1)
+    traces = []
+    with closed_on_error(stages.on_progress):
+        for path in files:
+            stages.next(f"reading {path.name}")
+            traces.append(load_trace(path))
+        stages.next("analysing")
+        report = analyze_traces(traces, include_last_step=include_last_step)
+    stages.finish()
+    return report
