@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -69,34 +69,38 @@ def _launch_rows(events: Events, rows: I64) -> I64:
     return out
 
 
+def _per_key(keys: np.ndarray, value_of: Callable[[int], object]) -> np.ndarray:
+    """``value_of(key)`` for each of ``keys`` (an object array), called once per distinct key."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    values = np.empty(uniq.size, dtype=object)
+    values[:] = [value_of(k) for k in uniq.tolist()]
+    return values[inv.reshape(-1)]
+
+
 def _categories(events: Events, rows: I64) -> np.ndarray:
-    cache: dict[tuple[int, int], str] = {}
-    out = np.empty(rows.size, dtype=object)
-    for i, (nid, kind) in enumerate(
-        zip(events.name[rows].tolist(), events.kind[rows].tolist(), strict=True)
-    ):
-        cat = cache.get((nid, kind))
-        if cat is None:
-            cat = cache[(nid, kind)] = kernel_category(kind, events.names[nid])
-        out[i] = cat
-    return out
+    # One (name, kind) code per row; the category of each distinct pair.
+    code = events.name[rows].astype(np.int64) * 256 + events.kind[rows]
+    return _per_key(code, lambda c: kernel_category(c % 256, events.names[c // 256]))
 
 
 def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
     """The dtype each launching operator's recorded Input type says (None: not recorded)."""
-    out = np.full(op_rows.size, None, dtype=object)
     inputs = events.inputs
-    if not inputs:
-        return out
-    cache: dict[int, str | None] = {}
-    for i, o in enumerate(op_rows.tolist()):
-        if o < 0 or o not in inputs:
-            continue
-        if o not in cache:
-            types = inputs[o].types
-            cache[o] = dtype_of(types) if types else None
-        out[i] = cache[o]
-    return out
+    if not inputs or op_rows.size == 0:
+        return np.full(op_rows.size, None, dtype=object)
+
+    def dtype(o: int) -> str | None:
+        types = inputs[o].types if o in inputs else None
+        return dtype_of(types) if types else None
+
+    return _per_key(op_rows, dtype)
+
+
+def _op_names(events: Events, op_rows: I64) -> np.ndarray:
+    """The name of each launching operator (None where it is not known)."""
+    if op_rows.size == 0:
+        return np.empty(0, dtype=object)
+    return _per_key(op_rows, lambda o: events.names[events.name[o]] if o >= 0 else None)
 
 
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
@@ -125,9 +129,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     breakdown = temporal(g_win) if win_rows.size else None
     cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
     op_rows = np.where(win_launch >= 0, nesting.parent_op[np.clip(win_launch, 0, None)], -1)
-    op_names = np.array(
-        [ev.names[ev.name[o]] if o >= 0 else None for o in op_rows.tolist()], dtype=object
-    )
+    op_names = _op_names(ev, op_rows)
     kernels = kernel_table(ev, cols, op_names, _op_dtypes(ev, op_rows))
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
     attention = attention_use(ev, nesting, window.host, win_rows, op_rows)
@@ -247,11 +249,36 @@ def _idle_in_waits(g: GpuRows, syncs: Sequence[SyncEvent]) -> tuple[float, float
     order = np.argsort(g.starts, kind="stable")
     first = order[np.searchsorted(g.starts[order], gap_hi, side="left")]
     queued = g.launch_ts[first] <= gap_lo  # NaN (launch not recorded) is not queued
+    # Gaps are sorted and disjoint: a wait overlaps the gaps from the first that ends after
+    # it begins to the last that starts before it ends. Most overlap one or two; those sums
+    # are taken here for all waits at once, the others over every gap as before, so each
+    # wait's share is the same float as summing over all gaps, and the shares add up in order.
+    first_gap = np.searchsorted(gap_hi, ws, side="right")
+    n_gaps = np.searchsorted(gap_lo, we, side="left") - first_gap
+    shares = np.zeros(ws.size)
+    queued_shares = np.zeros(ws.size)
+    for k in (0, 1):
+        has = n_gaps > k
+        at = np.minimum(first_gap + k, max(gap_lo.size - 1, 0))
+        if not has.any():
+            continue
+        part = np.clip(np.minimum(gap_hi[at], we) - np.maximum(gap_lo[at], ws), 0.0, None)
+        shares += np.where(has, part, 0.0)
+        queued_shares += np.where(has & queued[at], part, 0.0)
+    for i in np.flatnonzero(n_gaps > 2).tolist():
+        a, b = ws[i], we[i]
+        span = slice(int(first_gap[i]), int(first_gap[i] + n_gaps[i]))
+        part = np.clip(np.minimum(gap_hi[span], b) - np.maximum(gap_lo[span], a), 0.0, None)
+        if not np.array_equal(part, np.round(part)):
+            # Fractional microseconds: summed over every gap, zeros included, as numpy's
+            # pairwise sum groups them (whole numbers add up the same in any order).
+            span = slice(None)
+            part = np.clip(np.minimum(gap_hi, b) - np.maximum(gap_lo, a), 0.0, None)
+        shares[i], queued_shares[i] = part.sum(), part[queued[span]].sum()
     inside = inside_queued = 0.0
-    for a, b in zip(ws.tolist(), we.tolist(), strict=True):
-        part = np.clip(np.minimum(gap_hi, b) - np.maximum(gap_lo, a), 0.0, None)
-        inside += float(part.sum())
-        inside_queued += float(part[queued].sum())
+    for share, queued_share in zip(shares.tolist(), queued_shares.tolist(), strict=True):
+        inside += share
+        inside_queued += queued_share
     return inside, inside_queued
 
 

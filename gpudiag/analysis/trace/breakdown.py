@@ -10,7 +10,7 @@ import numpy as np
 from gpudiag._report import jsonable
 from gpudiag.analysis.trace.intervals import merge, time_by_category_set
 from gpudiag.analysis.trace.kernels import CATEGORIES, COMMUNICATION, COMPUTE, MEMORY, SYNC
-from gpudiag.analysis.trace.model import F64, I64, Events, Kind, fields_json
+from gpudiag.analysis.trace.model import F64, I64, Events, Ids, Kind, fields_json
 
 # Gaps shorter than this between two kernels on a stream are launch overhead ("kernel
 # wait"); HTA's default ``consecutive_kernel_delay`` is the same 30 (trace units, us).
@@ -92,8 +92,8 @@ class GpuRows:
     ends: F64
     category: I64  # index into CATEGORIES
     launch_ts: F64  # the host runtime call's start, NaN when it is not in the trace
-    stream: I64
-    device: I64
+    stream: Ids
+    device: Ids
     kind: np.ndarray
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from gpudiag.analysis.trace.model import (
     DeviceProperties,
     Events,
     Kind,
+    LaunchTable,
     dense_codes,
     fields_json,
 )
@@ -223,7 +225,7 @@ def _occupancy(
     x = extra[idx]
     blocks, threads = lt.blocks[x], lt.threads_per_block[x]
     regs, smem = lt.registers_per_thread[x], lt.shared_memory_bytes[x]
-    dev_ids = events.device[rows][idx]
+    dev_ids: np.ndarray = events.device[rows][idx]
     ok = (blocks > 0) & (threads > 0)
     idx, blocks, threads, regs, smem, dev_ids = (
         a[ok] for a in (idx, blocks, threads, regs, smem, dev_ids)
@@ -327,7 +329,7 @@ def kernel_table(
     tensor = cols.tensor_cores[sub]
     cats = cols.category[sub]
     extra = events.extra[rows]
-    lt = events.launches
+    cfg_of, configs = _launch_configs(events.launches, extra)
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
     out: list[KernelStats] = []
@@ -342,27 +344,26 @@ def kernel_table(
         limit: tuple[str, ...] = ()
         xs = extra[members]
         if (xs >= 0).any():
-            # The launch configuration that accounts for the most time.
-            by_cfg: dict[tuple[Any, ...], float] = {}
-            first: dict[tuple[Any, ...], int] = {}
-            for m, x in zip(members.tolist(), xs.tolist(), strict=True):
-                if x < 0:
-                    continue
-                cfg = (lt.grid[x], lt.block[x], int(lt.registers_per_thread[x]),
-                       int(lt.shared_memory_bytes[x]))  # fmt: skip
-                by_cfg[cfg] = by_cfg.get(cfg, 0.0) + float(dur[m])
-                first.setdefault(cfg, m)
-            best = max(by_cfg, key=by_cfg.__getitem__)
+            # The launch configuration that accounts for the most time (ties: the one seen
+            # first). A config's time is its launches' durations added in row order.
+            launched = members[xs >= 0]
+            cfg = cfg_of[launched]
+            kinds, first_at, code = np.unique(cfg, return_index=True, return_inverse=True)
+            in_order = np.argsort(first_at, kind="stable")
+            totals = np.bincount(code.reshape(-1), weights=dur[launched])[in_order]
+            best_at = int(first_at[in_order[int(np.argmax(totals))]])
+            best = configs[int(kinds[in_order[int(np.argmax(totals))]])]
             grid, block = best[0], best[1]
             regs = best[2] if best[2] >= 0 else None
             smem = best[3] if best[3] >= 0 else None
-            limit = cols.limited_by[sub[first[best]]] if cols.limited_by else ()
+            limit = cols.limited_by[sub[launched[best_at]]] if cols.limited_by else ()
         launcher = None
         if launched_by is not None:
             ops = launched_by[sub[members]]
-            known = [o for o in ops.tolist() if o]
+            known = Counter(o for o in ops.tolist() if o)
             if known:
-                launcher = max(set(known), key=known.count)
+                # The operator that launched most of them; a tie goes to the first seen.
+                launcher = max(known, key=known.__getitem__)
         op_dtype = None
         if op_dtypes is not None:
             by_dtype: dict[str, float] = {}
@@ -409,6 +410,76 @@ def kernel_table(
     return tuple(out)
 
 
+def _per_call(
+    events: Events,
+    cols: KernelColumns,
+    op_of_row: I64,
+    op_names: Sequence[str | None],
+    idx: I64,
+    dur: F64,
+) -> dict[int, list[Any]]:
+    """Per operator call (launching row, in first-seen order) among the GPU rows ``idx``:
+    [its name, its kernels' time, the part on tensor cores, {kernel name: time}, the part whose
+    kernels' names cannot tell]. Times are added in row order, as a running sum would."""
+    if idx.size == 0:
+        return {}
+    calls, first, code = np.unique(op_of_row[idx], return_index=True, return_inverse=True)
+    rank = np.empty(calls.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(calls.size)
+    call = rank[code.reshape(-1)]  # call number of each row, numbered in first-seen order
+    d = dur[idx]
+    tc = cols.tensor_cores[idx]
+    unknown = (
+        ~tc & cols.tensor_cores_unknown[idx]
+        if cols.tensor_cores_unknown is not None
+        else np.zeros(idx.size, dtype=bool)
+    )
+    kernel_us = np.bincount(call, weights=d, minlength=calls.size)
+    tc_us = np.bincount(call, weights=np.where(tc, d, 0.0), minlength=calls.size)
+    unknown_us = np.bincount(call, weights=np.where(unknown, d, 0.0), minlength=calls.size)
+    # {kernel name: time} of each call, kernels in the order the call's rows show them.
+    kname = events.name[cols.rows[idx]].astype(np.int64)
+    pair = call * (int(kname.max()) + 1) + kname
+    pairs, pair_first, pair_code = np.unique(pair, return_index=True, return_inverse=True)
+    pair_us = np.bincount(pair_code.reshape(-1), weights=d, minlength=pairs.size)
+    order = np.lexsort((pair_first, pairs // (int(kname.max()) + 1)))
+    first_rows = idx[first[np.argsort(rank)]]
+    out: dict[int, list[Any]] = {
+        int(op_of_row[r]): [op_names[r] or "?", float(k), float(t), {}, float(u)]
+        for r, k, t, u in zip(
+            first_rows.tolist(), kernel_us.tolist(), tc_us.tolist(), unknown_us.tolist(),
+            strict=True,
+        )
+    }  # fmt: skip
+    entries = list(out.values())
+    width = int(kname.max()) + 1
+    for p, us in zip(pairs[order].tolist(), pair_us[order].tolist(), strict=True):
+        entries[p // width][3][events.names[p % width]] = us
+    return out
+
+
+def _launch_configs(
+    lt: LaunchTable, extra: np.ndarray
+) -> tuple[I64, list[tuple[Any, Any, int, int]]]:
+    """A number per launch configuration (grid, block, registers, shared memory) of each row
+    (-1: no launch recorded), and the configurations by number."""
+    out = np.full(extra.size, -1, dtype=np.int64)
+    at = np.flatnonzero(extra >= 0)
+    if at.size == 0:
+        return out, []
+    x = extra[at]
+    numbers: dict[tuple[Any, Any, int, int], int] = {}
+    keys = zip(
+        map(lt.grid.__getitem__, x.tolist()),
+        map(lt.block.__getitem__, x.tolist()),
+        lt.registers_per_thread[x].tolist(),
+        lt.shared_memory_bytes[x].tolist(),
+        strict=True,
+    )
+    out[at] = [numbers.setdefault(k, len(numbers)) for k in keys]
+    return out, list(numbers)
+
+
 def tensor_core_use(
     events: Events, cols: KernelColumns, op_of_row: I64, op_names: Sequence[str | None]
 ) -> TensorCoreUse:
@@ -433,22 +504,13 @@ def tensor_core_use(
     if linked_us <= 0:
         return TensorCoreUse(share, tc_us, compute_us, None, (), linked_share, unknown_us)
     idx = np.flatnonzero(linked)
-    # Per operator call: its kernels' time, and whether any of them used tensor cores.
-    per_call: dict[int, list[Any]] = {}
-    for i in idx.tolist():
-        op_row = int(op_of_row[i])
-        name = op_names[i] or "?"
-        if not is_tensor_core_eligible_op(name):
-            continue
-        entry = per_call.setdefault(op_row, [name, 0.0, 0.0, {}, 0.0])
-        d = float(dur[i])
-        entry[1] += d
-        if cols.tensor_cores[i]:
-            entry[2] += d
-        elif cols.tensor_cores_unknown is not None and cols.tensor_cores_unknown[i]:
-            entry[4] += d
-        kname = events.names[events.name[cols.rows[i]]]
-        entry[3][kname] = entry[3].get(kname, 0.0) + d
+    # Only calls of operators that could use tensor cores (decided once per operator call).
+    _, first, code = np.unique(op_of_row[idx], return_index=True, return_inverse=True)
+    eligible = np.array(
+        [is_tensor_core_eligible_op(op_names[i] or "?") for i in idx[first].tolist()], dtype=bool
+    )
+    idx = idx[eligible[code.reshape(-1)]]
+    per_call = _per_call(events, cols, op_of_row, op_names, idx, dur)
     by_name: dict[str, list[Any]] = {}
     without = 0.0
     for name, kernel_us, tc, kernels, unknown in per_call.values():
