@@ -253,3 +253,21 @@ def test_in_a_notebook_an_early_verdict_ends_green_and_a_failure_red(
     widget = failed.bar.container.children[1]
     failed.close(complete=False)
     assert widget.bar_style == "danger"
+
+
+def test_a_delayed_bar_shows_only_stages_that_outlast_the_delay() -> None:
+    now = [0.0]
+    bar = ProgressBar("t", delay_s=2.0, clock=lambda: now[0])
+    bar(Progress("quick", 1, 3))
+    now[0] = 1.0
+    bar(Progress("quick", 3, 3))
+    assert bar.bar is None  # finished within the delay: never drawn
+    bar(Progress("slow", 1, 10))  # starts at 1.0
+    now[0] = 2.5
+    bar(Progress("slow", 2, 10))
+    assert bar.bar is None
+    now[0] = 3.5
+    bar(Progress("slow", 4, 10))
+    assert bar.bar is not None and bar.bar.n == 4
+    bar(Progress("slow", finished=True))
+    assert bar.bar is None and bar.closed_complete == [True]

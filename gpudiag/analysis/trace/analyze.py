@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpudiag import _progress
+from gpudiag._progress import ProgressFn
 from gpudiag.analysis.costed_ops import dtype_of
 from gpudiag.analysis.trace.attention import attention_use
 from gpudiag.analysis.trace.breakdown import (
@@ -32,7 +34,7 @@ from gpudiag.analysis.trace.kernels import (
     tensor_core_use,
 )
 from gpudiag.analysis.trace.launches import launch_stats
-from gpudiag.analysis.trace.load import load_trace
+from gpudiag.analysis.trace.load import DEFAULT_MAX_BYTES, load_trace
 from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
 from gpudiag.analysis.trace.nesting import nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
@@ -47,7 +49,7 @@ from gpudiag.analysis.trace.syncs import (
 )
 from gpudiag.analysis.trace.transfers import transfers
 from gpudiag.analysis.trace.window import analysis_window, find_steps, gpu_mask
-from gpudiag.errors import TraceError
+from gpudiag.errors import ArgumentError, TraceError
 
 PathLike = str | os.PathLike[str]
 _TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
@@ -333,25 +335,42 @@ def _assign_ranks(traces: Sequence[RankTrace]) -> tuple[list[int], list[str]]:
     return ranks, notes
 
 
+def _check_events(trace: RankTrace) -> None:
+    if len(trace.events) == 0:
+        raise TraceError(
+            f"{trace.path} holds no events (metadata only): the profiler recorded nothing. "
+            "Make sure the profiled code ran inside the schedule's active steps and that "
+            "prof.step() is called once per step."
+        )
+
+
+def _header(trace: RankTrace) -> RankTrace:
+    """The trace without its events: what the checks across ranks read."""
+    return dataclasses.replace(trace, events=Events.empty())
+
+
 def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = False) -> TraceReport:
     if not traces:
         raise TraceError("no trace to analyse.")
     for t in traces:
-        if len(t.events) == 0:
-            raise TraceError(
-                f"{t.path} holds no events (metadata only): the profiler recorded nothing. "
-                "Make sure the profiled code ran inside the schedule's active steps and that "
-                "prof.step() is called once per step."
-            )
+        _check_events(t)
     check_one_job(traces)
     ranks, notes = _assign_ranks(traces)
-    reports = sorted(
-        (
-            analyze_rank(t, r, include_last_step=include_last_step)
-            for t, r in zip(traces, ranks, strict=True)
-        ),
-        key=lambda r: r.rank,
-    )
+    reports = [
+        analyze_rank(t, r, include_last_step=include_last_step)
+        for t, r in zip(traces, ranks, strict=True)
+    ]
+    return _combined(traces, ranks, reports, notes)
+
+
+def _combined(
+    traces: Sequence[RankTrace],
+    ranks: Sequence[int],
+    rank_reports: Sequence[RankReport],
+    notes: list[str],
+) -> TraceReport:
+    """The report over the ranks: each rank's report, the comparison, the stragglers."""
+    reports = sorted(rank_reports, key=lambda r: r.rank)
     worlds = {t.world_size for t in traces if t.world_size}
     missing: tuple[int, ...] = ()
     if len(worlds) == 1:
@@ -394,16 +413,102 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
     )
 
 
+def _one_rank(
+    path: Path, include_last_step: bool, max_bytes: int, on_progress: ProgressFn | None = None
+) -> tuple[RankTrace, RankReport]:
+    """Read and analyse one file: its header and its report (rank -1 until ranks are known).
+    Its events are dropped on return, so one rank at a time holds memory."""
+    trace = load_trace(path, max_bytes=max_bytes, on_progress=on_progress)
+    _check_events(trace)
+    return _header(trace), analyze_rank(trace, -1, include_last_step=include_last_step)
+
+
+# Below this much trace text, starting worker processes costs more than it saves.
+_PARALLEL_FROM_BYTES = 256 << 20
+
+
+def _workers(files: Sequence[Path], workers: int | None) -> int:
+    """How many processes analyse ranks at once: as asked, else one per rank up to the CPU
+    cores this process may use, for big traces only."""
+    if workers is not None:
+        if workers < 1:
+            raise ArgumentError(f"workers={workers}: give 1 or more (or None to choose).")
+        return min(workers, len(files))
+    if len(files) < 2 or sum(_size(f) for f in files) < _PARALLEL_FROM_BYTES:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(len(files), cores or 1))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def analyze_trace(
-    path_or_paths: PathLike | Iterable[PathLike], *, include_last_step: bool = False
+    path_or_paths: PathLike | Iterable[PathLike],
+    *,
+    include_last_step: bool = False,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    workers: int | None = None,
+    progress: bool | ProgressFn | None = True,
 ) -> TraceReport:
     """Analyse Kineto / torch.profiler traces: one file per rank (or a folder of them).
 
-    Reads ``.json`` and ``.json.gz`` files as ``torch.profiler`` writes them. With two or more
-    ``ProfilerStep`` ranges the last step is left out of the aggregates unless
-    ``include_last_step`` (HTA does the same, so the numbers compare). Raises
-    ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated or empty file; what a
-    readable trace cannot tell is listed in ``report.notes``.
+    Reads ``.json`` and ``.json.gz`` files as ``torch.profiler`` writes them, streamed: memory
+    holds one rank's columns of the fields the analyses use, not the file. Ranks are read one
+    at a time, or ``workers`` at once in separate processes (default: one per core for big
+    traces of several ranks; each holds one rank). With two or more ``ProfilerStep`` ranges the
+    last step is left out of the aggregates unless ``include_last_step`` (HTA does the same, so
+    the numbers compare). ``max_bytes`` caps the JSON text read from one file (after gunzip;
+    default 64 GiB). ``progress``: a bar for reads that take over two seconds (``False``: none;
+    a callable: your own ``gpudiag._progress`` callback). Raises
+    ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated, empty or special file;
+    what a readable trace cannot tell (and what was read around) is listed in
+    ``report.notes``.
     """
     files = _expand(path_or_paths)
-    return analyze_traces([load_trace(p) for p in files], include_last_step=include_last_step)
+    on_progress = _progress.resolve(progress, "trace", delay_s=2.0)
+    n_workers = _workers(files, workers)
+    with _progress.closed_on_error(on_progress):
+        if n_workers == 1:
+            results = []
+            for i, path in enumerate(files):
+                results.append(_one_rank(path, include_last_step, max_bytes, on_progress))
+                check_one_job([header for header, _ in results])
+                _progress.report(on_progress, "ranks", i + 1, len(files))
+        else:
+            results = _in_processes(files, include_last_step, max_bytes, n_workers, on_progress)
+            check_one_job([header for header, _ in results])
+        _progress.finish(on_progress, "ranks")
+    headers = [header for header, _ in results]
+    ranks, notes = _assign_ranks(headers)
+    reports = [
+        dataclasses.replace(report, rank=rank)
+        for (_, report), rank in zip(results, ranks, strict=True)
+    ]
+    return _combined(headers, ranks, reports, notes)
+
+
+def _in_processes(
+    files: Sequence[Path],
+    include_last_step: bool,
+    max_bytes: int,
+    workers: int,
+    on_progress: ProgressFn | None,
+) -> list[tuple[RankTrace, RankReport]]:
+    """``_one_rank`` of each file in ``workers`` fresh processes (spawned: safe beside a
+    notebook's threads), in file order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_one_rank, p, include_last_step, max_bytes) for p in files]
+        results = []
+        for i, future in enumerate(futures):
+            results.append(future.result())
+            _progress.report(on_progress, "ranks", i + 1, len(files))
+    return results

@@ -213,6 +213,16 @@ class Events:
     def __len__(self) -> int:
         return int(self.ts.shape[0])
 
+    @classmethod
+    def empty(cls) -> Events:
+        """No events (what a trace's header keeps once its rank has been analysed)."""
+        i64: I64 = np.zeros(0, np.int64)
+        f64: F64 = np.zeros(0, np.float64)
+        i32: I32 = np.zeros(0, np.int32)
+        launches = LaunchTable(i64, i64, i64, i64, i64, f64, (), ())
+        kind: I8 = np.zeros(0, np.int8)
+        return cls(kind, i32, i32, f64, f64, i64, i64, i64, i64, i64, (), (), launches, {})
+
     @property
     def end(self) -> F64:
         return self.ts + self.dur
