@@ -268,6 +268,8 @@ def test_a_delayed_bar_shows_only_stages_that_outlast_the_delay() -> None:
     assert bar.bar is None
     now[0] = 3.5
     bar(Progress("slow", 4, 10))
-    assert bar.bar is not None and bar.bar.n == 4
+    assert bar.bar is not None
+    assert bar.bar.n == 4
     bar(Progress("slow", finished=True))
-    assert bar.bar is None and bar.closed_complete == [True]
+    assert bar.bar is None
+    assert bar.closed_complete == [True]

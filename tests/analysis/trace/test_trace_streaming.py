@@ -163,8 +163,10 @@ def test_a_progress_callback_hears_the_megabytes_and_the_ranks(traces_dir: Path)
         progress=lambda p: heard.append((p.stage, p.done, p.total, p.finished)),
     )
     reads = [h for h in heard if h[0].startswith("reading")]
-    assert reads and all(done <= total for _, done, total, finished in reads if not finished)
-    assert ("ranks", 2, 2, False) in heard and heard[-1] == ("ranks", 0, 0, True)
+    assert reads
+    assert all(done <= total for _, done, total, finished in reads if not finished)
+    assert ("ranks", 2, 2, False) in heard
+    assert heard[-1] == ("ranks", 0, 0, True)
 
 
 def test_a_field_added_to_the_schema_is_a_column(
@@ -185,5 +187,6 @@ def test_a_field_added_to_the_schema_is_a_column(
         importlib.reload(load)
     memcpy = events.kind == Kind.MEMCPY
     column = events.columns["memcpy_bytes"]
-    assert (column[memcpy] > 0).all() and (column[~memcpy] == -1).all()
+    assert (column[memcpy] > 0).all()
+    assert (column[~memcpy] == -1).all()
     assert np.array_equal(column[memcpy], events.launches.nbytes[events.extra[memcpy]])
