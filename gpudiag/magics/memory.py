@@ -80,10 +80,11 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
             raise GpuDiagError(f"{name} is a {type(value).__name__}, not a gd.Workload")
         else:
             args.workload = name
-    elif not (args.snapshot or args.config):
+    elif not (args.snapshot or args.config or args.diff):
         raise GpuDiagError(
             "use %%gpudiag memory over a cell (the cell is the step), or %gpudiag memory "
-            "--workload NAME (a gd.Workload variable or a demo), --config FILE or --snapshot FILE"
+            "--workload NAME (a gd.Workload variable or a demo), --config FILE, --snapshot FILE "
+            "(or a folder of per-rank snapshots) or --diff BEFORE AFTER"
         )
     result, findings = compute(args, workload)
     if args.json:
