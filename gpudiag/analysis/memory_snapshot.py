@@ -272,7 +272,8 @@ def _int(value: Any) -> int:
     return 0
 
 
-def _frames(frames: Any) -> tuple[str, ...]:
+def frame_strings(frames: Any) -> tuple[str, ...]:
+    """A recorded stack (a list of {filename, line, name}) as "file:line name" strings."""
     if not isinstance(frames, (list, tuple)):
         return ()
     out = []
@@ -486,12 +487,13 @@ def _check_size(snapshot: Mapping[str, Any], source: str) -> None:
         )
 
 
-def _block_stack(block: Mapping[str, Any]) -> tuple[str, ...]:
+def block_stack(block: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where a block was allocated: its frames (current format) or its last history entry's."""
     if block.get("frames"):
-        return _frames(block["frames"])
+        return frame_strings(block["frames"])
     history = block.get("history")
     if isinstance(history, list) and history and isinstance(history[-1], Mapping):
-        return _frames(history[-1].get("frames"))
+        return frame_strings(history[-1].get("frames"))
     return ()
 
 
@@ -515,7 +517,7 @@ def _trace_peak(
         action = e.get("action")
         if action == "alloc":
             level += _int(e.get("size", 0))
-            live[_int(e.get("addr", -i))] = (_int(e.get("size", 0)), _frames(e.get("frames")))
+            live[_int(e.get("addr", -i))] = (_int(e.get("size", 0)), frame_strings(e.get("frames")))
         elif action == "free_completed":
             level -= _int(e.get("size", 0))
             live.pop(_int(e.get("addr", -i)), None)
@@ -576,7 +578,7 @@ def analyze_snapshot_data(
                     _int(e.get("size", 0)),
                     _int(free) if free is not None else None,
                     device,
-                    _frames(e.get("frames")),
+                    frame_strings(e.get("frames")),
                 )
     settings = snapshot.get("allocator_settings")
     expandable = (
@@ -585,7 +587,7 @@ def analyze_snapshot_data(
     if expandable is None and any("is_expandable" in s for s in segments):
         expandable = any(bool(s.get("is_expandable")) for s in segments)
     live = [
-        (_int(b.get("size", 0)), _block_stack(b))
+        (_int(b.get("size", 0)), block_stack(b))
         for b in blocks
         if b.get("state") == "active_allocated"
     ]

@@ -52,13 +52,13 @@ def measure_timeline(
         )
     with _warm_copy(workload, batch_size, fixes) as (arm, track):
         if budget_bytes is None:
-            return measure_step_timeline(arm.step, device=str(workload.device))
+            return measure_step_timeline(arm.step, device=str(workload.device), track=track)
 
         def capped() -> None:
             with MemoryBudget(budget_bytes, track=track):
                 arm.step()
 
-        return measure_step_timeline(capped, device=str(workload.device))
+        return measure_step_timeline(capped, device=str(workload.device), track=track)
 
 
 def capped_peak(

@@ -51,7 +51,7 @@ def _cell_report(cell: str, namespace: dict[str, Any], budget: Any) -> Any:
     timeline = MemoryTimeline((), (), source="not measured")
     with _bindings_restored(names, namespace), isolated(*modules, *optimizers):
         try:
-            timeline = measure_step_timeline(step)
+            timeline = measure_step_timeline(step, track=[*modules, *optimizers])
         except MemoryBudgetExceeded as exc:
             oom = exc.oom
     return MemoryReport(

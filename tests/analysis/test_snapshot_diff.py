@@ -86,7 +86,7 @@ def test_freed_blocks_show_as_a_shrink_at_their_stack() -> None:
     row = diff.top(1)[0]
     assert row.bytes_delta == -block["size"]
     assert row.count_delta == -1
-    assert row.stack == ms._block_stack(block)
+    assert row.stack == ms.block_stack(block)
     assert row.category == "parameters"  # DeComFL's reset_model: module.to() of the weights
     html = diff._repr_html_()
     assert "CUDA memory: what changed" in html
