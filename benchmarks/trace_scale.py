@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from big_traces import DEFAULT_FOLDER, REPO, big_trace
+from big_traces import DEFAULT_FOLDER, big_trace
 
 FLOOR_CHILD = """
 import sys, zlib
@@ -62,12 +62,13 @@ print('{"text_bytes": %d}' % n)
 GPUDIAG_CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
+import gpudiag
 from gpudiag.analysis.trace import analyze_trace
 kw = {} if len(sys.argv) < 3 else {"progress": False}
 r = analyze_trace(sys.argv[1], **kw)
 b = r.time_breakdown()
 print(json.dumps({"events": r.ranks[0].events, "compute_us": b["compute_us"],
-    "idle_us": b["idle_us"], "kernels": len(r.kernels())}))
+    "idle_us": b["idle_us"], "kernels": len(r.kernels()), "gpudiag": gpudiag.__file__}))
 """
 
 
@@ -79,8 +80,14 @@ def measured(code: str, args: list[str], pythonpath: str | None = None) -> dict[
         env["PYTHONPATH"] = pythonpath
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
+        # Not in the checkout: "python -c" puts the working folder first on sys.path, which
+        # would shadow the older gpudiag given by PYTHONPATH.
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdout=out, stderr=err, cwd=REPO, env=env
+            [sys.executable, "-c", code, *args],
+            stdout=out,
+            stderr=err,
+            cwd=tempfile.gettempdir(),
+            env=env,
         )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -125,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<22}{size:>6.2f}{tool:>11}{r['wall_s']:>9.1f}{r['cpu_s']:>8.1f}"
             f"{r['peak_rss_mb'] if tool != 'I/O floor' else float('nan'):>13.0f}"
         )
+    for tool in ("before", "gpudiag"):
+        where = {r["gpudiag"] for _, t, r in rows if t == tool}
+        if where:
+            print(f"{tool}: gpudiag from {', '.join(sorted(where))}")
     ours = [r for _, tool, r in rows if tool == "gpudiag"]
     same = {(r["events"], r["compute_us"], r["idle_us"]) for r in ours[: len(traces)]}
     print(f"\nresults per trace: {sorted(same)}")

@@ -36,7 +36,7 @@ from gpudiag.analysis.trace.kernels import (
 from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.load import DEFAULT_MAX_BYTES, load_trace
 from gpudiag.analysis.trace.model import I64, SYNC_RUNTIME_NAMES, Events, Kind, RankTrace
-from gpudiag.analysis.trace.nesting import nest
+from gpudiag.analysis.trace.nesting import Nesting, nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
 from gpudiag.analysis.trace.shapes import shaped_ops
@@ -119,14 +119,26 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
     sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, sync_ids))
     nesting = nest(ev, np.concatenate((all_launch[all_launch >= 0], sync_calls)))
+    # The analyses run in an order that frees each big intermediate as soon as the last one
+    # reading it is done (a multi-GB trace's rank holds millions of rows): the results do not
+    # depend on the order.
+    cpu = cpu_ops(ev, nesting, window.host)
+    nesting = Nesting(nesting.parent_op, np.zeros(0))  # self times: read by cpu_ops alone
     all_launch_ts = np.where(all_launch >= 0, ev.ts[np.clip(all_launch, 0, None)], np.nan)
     all_cats = _categories(ev, all_gpu)
     g_all: GpuRows | None = gpu_rows(ev, all_gpu, all_cats, all_launch_ts) if has_gpu else None
+    n_steps_in_window = (
+        len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
+    )
+    step_list = step_reports(ev, steps, g_all, n_steps_in_window)
+    busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
+    del g_all
 
     in_win = window.gpu[all_gpu]
     win_rows = all_gpu[in_win]
     win_launch = all_launch[in_win]
     g_win = gpu_rows(ev, win_rows, all_cats[in_win], all_launch_ts[in_win])
+    del all_launch_ts
 
     breakdown = temporal(g_win) if win_rows.size else None
     cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
@@ -134,6 +146,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     op_names = _op_names(ev, op_rows)
     kernels = kernel_table(ev, cols, op_names, _op_dtypes(ev, op_rows))
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
+    del op_names
     attention = attention_use(ev, nesting, window.host, win_rows, op_rows)
     shaped = shaped_ops(
         ev,
@@ -145,18 +158,20 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         cols.tensor_cores,
         attention_rows=attention.matmul_rows,
     )
+    del cols, op_rows
     launches = (
         launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
         if breakdown is not None
         else None
     )
-    n_steps_in_window = (
-        len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
-    )
-    step_list = step_reports(ev, steps, g_all, n_steps_in_window)
-    busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
     syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
+    del nesting, busy
+    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
+    overlap = comm_compute_overlap(g_win) if win_rows.size else None
+    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
+    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
+    del g_win
 
     if not has_gpu:
         notes.append(
@@ -212,12 +227,12 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         window=window.description,
         has_gpu_events=has_gpu,
         breakdown=breakdown,
-        busy_by_category_set=overlap_by_category_set(g_win) if win_rows.size else {},
-        comm_compute_overlap=comm_compute_overlap(g_win) if win_rows.size else None,
-        stream_idle=stream_idle(g_win) if win_rows.size else (),
+        busy_by_category_set=busy_by_category_set,
+        comm_compute_overlap=overlap,
+        stream_idle=idle_by_stream,
         kernels=kernels,
         tensor_cores=tc,
-        cpu_ops=cpu_ops(ev, nesting, window.host),
+        cpu_ops=cpu,
         launches=launches,
         transfers=transfers(ev, win_rows, trace.devices),
         syncs=syncs,
@@ -230,7 +245,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         attention=attention,
         collectives=collectives,
         collective_notes=collective_notes,
-        idle_in_host_waits_us=_idle_in_waits(g_win, syncs) if win_rows.size else None,
+        idle_in_host_waits_us=idle_in_waits,
     )
 
 

@@ -242,16 +242,12 @@ def _occupancy(
     except ImportError:  # pragma: no cover - shipped together
         return theo, achieved, sm_eff, per_sm, limited
     # One calculator call per distinct (device, block size, registers, shared memory).
-    configs: dict[tuple[int, int, int, int], int] = {}
-    inv = np.array(
-        [
-            configs.setdefault(key, len(configs))
-            for key in zip(
-                dev_ids.tolist(), threads.tolist(), regs.tolist(), smem.tolist(), strict=True
-            )
-        ],
-        dtype=np.int64,
-    )
+    numbered = _numbered((dev_ids, threads, regs, smem))
+    configs: dict[tuple[int, int, int, int], int] = {
+        (int(dev_ids[i]), int(threads[i]), int(regs[i]), int(smem[i])): c
+        for c, i in enumerate(numbered.first.tolist())
+    }
+    inv = numbered.number
     c_theo = np.full(len(configs), np.nan)
     c_active = np.full(len(configs), np.nan)
     c_max_warps = np.full(len(configs), np.nan)
@@ -410,6 +406,22 @@ def kernel_table(
     return tuple(out)
 
 
+@dataclass(frozen=True, eq=False)
+class _Calls:
+    """The operator calls among some GPU rows, numbered in first-seen order: each call's name,
+    its kernels' time, the part on tensor cores, the part whose kernels' names cannot tell,
+    and (call, kernel name, time) for each of its kernels in the order its rows show them.
+    Times are added in row order, as a running sum would; arrays, not a dict per call."""
+
+    names: list[str]
+    kernel_us: list[float]
+    tc_us: list[float]
+    unknown_us: list[float]
+    pair_call: list[int]
+    pair_kernel: list[str]
+    pair_us: list[float]
+
+
 def _per_call(
     events: Events,
     cols: KernelColumns,
@@ -417,12 +429,9 @@ def _per_call(
     op_names: Sequence[str | None],
     idx: I64,
     dur: F64,
-) -> dict[int, list[Any]]:
-    """Per operator call (launching row, in first-seen order) among the GPU rows ``idx``:
-    [its name, its kernels' time, the part on tensor cores, {kernel name: time}, the part whose
-    kernels' names cannot tell]. Times are added in row order, as a running sum would."""
+) -> _Calls:
     if idx.size == 0:
-        return {}
+        return _Calls([], [], [], [], [], [], [])
     calls, first, code = np.unique(op_of_row[idx], return_index=True, return_inverse=True)
     rank = np.empty(calls.size, dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(calls.size)
@@ -437,47 +446,76 @@ def _per_call(
     kernel_us = np.bincount(call, weights=d, minlength=calls.size)
     tc_us = np.bincount(call, weights=np.where(tc, d, 0.0), minlength=calls.size)
     unknown_us = np.bincount(call, weights=np.where(unknown, d, 0.0), minlength=calls.size)
-    # {kernel name: time} of each call, kernels in the order the call's rows show them.
     kname = events.name[cols.rows[idx]].astype(np.int64)
-    pair = call * (int(kname.max()) + 1) + kname
+    width = int(kname.max()) + 1
+    pair = call * width + kname
     pairs, pair_first, pair_code = np.unique(pair, return_index=True, return_inverse=True)
     pair_us = np.bincount(pair_code.reshape(-1), weights=d, minlength=pairs.size)
-    order = np.lexsort((pair_first, pairs // (int(kname.max()) + 1)))
+    order = np.lexsort((pair_first, pairs // width))
     first_rows = idx[first[np.argsort(rank)]]
-    out: dict[int, list[Any]] = {
-        int(op_of_row[r]): [op_names[r] or "?", float(k), float(t), {}, float(u)]
-        for r, k, t, u in zip(
-            first_rows.tolist(), kernel_us.tolist(), tc_us.tolist(), unknown_us.tolist(),
-            strict=True,
-        )
-    }  # fmt: skip
-    entries = list(out.values())
-    width = int(kname.max()) + 1
-    for p, us in zip(pairs[order].tolist(), pair_us[order].tolist(), strict=True):
-        entries[p // width][3][events.names[p % width]] = us
-    return out
+    return _Calls(
+        names=[op_names[r] or "?" for r in first_rows.tolist()],
+        kernel_us=kernel_us.tolist(),
+        tc_us=tc_us.tolist(),
+        unknown_us=unknown_us.tolist(),
+        pair_call=(pairs[order] // width).tolist(),
+        pair_kernel=[events.names[k] for k in (pairs[order] % width).tolist()],
+        pair_us=pair_us[order].tolist(),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Numbered:
+    number: I64  # of each row: the number of its tuple of values
+    first: I64  # of each number: the first row with that tuple
+
+
+def _numbered(columns: Sequence[np.ndarray]) -> _Numbered:
+    """Number the distinct tuples of values across integer columns (row-wise), from one int64
+    code per row built from each column's dense codes: no Python tuple per row (a
+    multi-GB trace has millions of launches), no sorted copies of a many-column array."""
+    code = np.zeros(columns[0].size, dtype=np.int64)
+    span = 1
+    for column in columns:
+        values, dense = np.unique(column, return_inverse=True)
+        span *= values.size
+        code = code * values.size + dense.reshape(-1)
+    if span >= 1 << 62:  # too many distinct values for one int64 (a damaged file)
+        code = np.stack(columns, axis=1)
+    _, first, number = np.unique(code, axis=0, return_index=True, return_inverse=True)
+    return _Numbered(number.reshape(-1), first)
+
+
+class _Numbers(dict[Any, int]):
+    """Values numbered in the order first seen."""
+
+    def __missing__(self, key: Any) -> int:
+        value = self[key] = len(self)
+        return value
 
 
 def _launch_configs(
     lt: LaunchTable, extra: np.ndarray
 ) -> tuple[I64, list[tuple[Any, Any, int, int]]]:
     """A number per launch configuration (grid, block, registers, shared memory) of each row
-    (-1: no launch recorded), and the configurations by number."""
+    (-1: no launch recorded), and the configurations by number. Arrays, not lists of Python
+    ints: a multi-GB trace has millions of launches."""
     out = np.full(extra.size, -1, dtype=np.int64)
     at = np.flatnonzero(extra >= 0)
     if at.size == 0:
         return out, []
     x = extra[at]
-    numbers: dict[tuple[Any, Any, int, int], int] = {}
-    keys = zip(
-        map(lt.grid.__getitem__, x.tolist()),
-        map(lt.block.__getitem__, x.tolist()),
-        lt.registers_per_thread[x].tolist(),
-        lt.shared_memory_bytes[x].tolist(),
-        strict=True,
-    )
-    out[at] = [numbers.setdefault(k, len(numbers)) for k in keys]
-    return out, list(numbers)
+    dims = _Numbers()
+    grid = np.fromiter(map(dims.__getitem__, map(lt.grid.__getitem__, x)), np.int64, x.size)
+    block = np.fromiter(map(dims.__getitem__, map(lt.block.__getitem__, x)), np.int64, x.size)
+    numbered = _numbered((grid, block, lt.registers_per_thread[x], lt.shared_memory_bytes[x]))
+    out[at] = numbered.number
+    first = numbered.first
+    configs = [
+        (lt.grid[r], lt.block[r], int(lt.registers_per_thread[r]), int(lt.shared_memory_bytes[r]))
+        for r in x[first].tolist()
+    ]
+    return out, configs
 
 
 def tensor_core_use(
@@ -510,10 +548,14 @@ def tensor_core_use(
         [is_tensor_core_eligible_op(op_names[i] or "?") for i in idx[first].tolist()], dtype=bool
     )
     idx = idx[eligible[code.reshape(-1)]]
-    per_call = _per_call(events, cols, op_of_row, op_names, idx, dur)
+    calls = _per_call(events, cols, op_of_row, op_names, idx, dur)
     by_name: dict[str, list[Any]] = {}
     without = 0.0
-    for name, kernel_us, tc, kernels, unknown in per_call.values():
+    at = 0  # the next (call, kernel) pair
+    n_pairs = len(calls.pair_call)
+    for c, (name, kernel_us, tc, unknown) in enumerate(
+        zip(calls.names, calls.kernel_us, calls.tc_us, calls.unknown_us, strict=True)
+    ):
         agg = by_name.setdefault(name, [0, 0.0, 0.0, {}, 0.0])
         agg[0] += 1
         agg[1] += kernel_us
@@ -525,8 +567,11 @@ def tensor_core_use(
             agg[4] += kernel_us
         elif tc <= 0:
             without += kernel_us
-        for k, v in kernels.items():
-            agg[3][k] = agg[3].get(k, 0.0) + v
+        kernels = agg[3]
+        while at < n_pairs and calls.pair_call[at] == c:
+            k = calls.pair_kernel[at]
+            kernels[k] = kernels.get(k, 0.0) + calls.pair_us[at]
+            at += 1
     ops = tuple(
         sorted(
             (

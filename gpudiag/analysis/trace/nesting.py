@@ -21,7 +21,7 @@ class Nesting:
 
 
 # Positions resolved per pass of pointer jumping: bounds the temporary arrays.
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 
 
 def nest(events: Events, runtime_rows: I64 | None = None) -> Nesting:
