@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,6 @@ def trace_paths(root: Path) -> list[Path]:
 def results(path: Path) -> dict[str, Any]:
     import gpudiag as gd
     from gpudiag.rules import EvidenceBundle, run_rules
-
-    print(f"          (gpudiag from {Path(gd.__file__).parent})", file=sys.stderr)
 
     report = gd.analyze_trace(path)
     diagnosis = run_rules(EvidenceBundle(trace=report, env={}))
@@ -80,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--against", type=Path, help="compare with the results in this folder")
     parser.add_argument("--fixtures", type=Path, default=FIXTURES)
     args = parser.parse_args(argv)
+    import gpudiag
+
+    print(f"gpudiag from {Path(gpudiag.__file__).parent}")
     differ = 0
     for path in trace_paths(args.fixtures):
         t0 = time.perf_counter()
