@@ -34,10 +34,8 @@ HTA 0.5.0 with pandas 3.1.1), 10 copies = 1,090,843 events (16.5 MB gzipped, ~31
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,58 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO / "tests" / "fixtures" / "traces"
-DEFAULT_SOURCE = FIXTURES / "hta-trace_diff-control.json.gz"
+from big_traces import DEFAULT_SOURCE, REPO, make_big_trace
+
 PEER_VENV = REPO / ".venv-peers"
 PEER_REQUIREMENTS = REPO / "benchmarks" / "requirements-peers.txt"
-_STEP = re.compile(r"ProfilerStep#(\d+)")
-_ID_KEYS = ("correlation", "External id", "external id")
-
-
-def make_big_trace(source: Path, copies: int, out: Path) -> int:
-    """Write ``source`` with its events repeated ``copies`` times; return the event count."""
-    with gzip.open(source, "rt") as fh:
-        doc = json.load(fh)
-    events = doc.pop("traceEvents")
-    fixed = [e for e in events if e.get("ph") == "M" or e.get("cat") == "Trace"]
-    timed = [e for e in events if not (e.get("ph") == "M" or e.get("cat") == "Trace")]
-    timed = [e for e in timed if isinstance(e.get("ts"), (int, float))]
-    t0 = min(e["ts"] for e in timed)
-    t1 = max(e["ts"] + e.get("dur", 0) for e in timed)
-    span = t1 - t0 + 1000
-    ids = [e["id"] for e in timed if isinstance(e.get("id"), int)]
-    for e in timed:
-        args = e.get("args", {})
-        ids += [args[k] for k in _ID_KEYS if isinstance(args.get(k), int)]
-    id_span = max(ids, default=0) + 1
-    steps = [int(m.group(1)) for e in timed if (m := _STEP.match(e.get("name", "")))]
-    step_span = max(steps) - min(steps) + 1 if steps else 0
-    count = len(fixed)
-    with gzip.open(out, "wt", compresslevel=6) as fh:
-        fh.write(json.dumps(doc)[:-1] + ', "traceEvents": [\n')
-        fh.write(",\n".join(json.dumps(e) for e in fixed))
-        for k in range(copies):
-            for e in timed:
-                e2 = dict(e)
-                e2["ts"] = e["ts"] + k * span
-                if isinstance(e2.get("id"), int):
-                    e2["id"] += k * id_span
-                if "args" in e:
-                    args = dict(e["args"])
-                    for key in _ID_KEYS:
-                        if isinstance(args.get(key), int) and args[key] > 0:
-                            args[key] += k * id_span
-                    if "external ts" in args:
-                        args["external ts"] += k * span
-                    e2["args"] = args
-                m = _STEP.match(e2.get("name", ""))
-                if m and k:
-                    e2["name"] = f"ProfilerStep#{int(m.group(1)) + k * step_span}"
-                fh.write(",\n" + json.dumps(e2))
-                count += 1
-        fh.write("\n]}\n")
-    return count
 
 
 GPUDIAG_CHILD = """

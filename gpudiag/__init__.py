@@ -47,6 +47,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "MemoryReport": ("gpudiag.experiment.memory_report", "MemoryReport"),
     "analyze_memory_snapshot": ("gpudiag.analysis.memory_snapshot", "analyze_memory_snapshot"),
     "MemorySnapshot": ("gpudiag.analysis.memory_snapshot", "MemorySnapshot"),
+    "SnapshotDiff": ("gpudiag.analysis.snapshot_diff", "SnapshotDiff"),
+    "SnapshotRanks": ("gpudiag.analysis.snapshot_diff", "SnapshotRanks"),
     "fit": ("gpudiag.experiment.fit", "fit"),
     "FitResult": ("gpudiag.experiment.fit", "FitResult"),
     "plan": ("gpudiag.experiment.plan", "plan"),
@@ -147,6 +149,8 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.analysis.occupancy import occupancy as occupancy
     from gpudiag.analysis.occupancy import occupancy_curve as occupancy_curve
     from gpudiag.analysis.roofline import roofline as roofline
+    from gpudiag.analysis.snapshot_diff import SnapshotDiff as SnapshotDiff
+    from gpudiag.analysis.snapshot_diff import SnapshotRanks as SnapshotRanks
     from gpudiag.analysis.trace import TraceReport as TraceReport
     from gpudiag.analysis.trace import analyze_trace as analyze_trace
     from gpudiag.doctor import diagnose as diagnose

@@ -63,7 +63,8 @@ class ProgressBar:
 
     A new stage closes the previous stage's bar complete and opens its own. ``finished`` (or
     leaving the ``with`` block normally) closes the bar complete; leaving it by an exception
-    closes it where it stopped, so a failed run does not look finished.
+    closes it where it stopped, so a failed run does not look finished. With ``delay_s`` a
+    stage's bar appears only once the stage has run that long: a quick read shows nothing.
     """
 
     def __init__(
@@ -73,6 +74,8 @@ class ProgressBar:
         enabled: bool = True,
         leave: bool = True,
         output: contextlib.AbstractContextManager[Any] | None = None,
+        delay_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.prefix = prefix
         # Where a notebook bar is displayed: an ipywidgets.Output (a button's callback has no
@@ -83,6 +86,9 @@ class ProgressBar:
         self.bar: Any = None
         self.stage: str | None = None
         self.closed_complete: list[bool] = []  # one per closed bar: was it complete?
+        self.delay_s = delay_s
+        self.clock = clock
+        self.stage_started = 0.0
 
     def __call__(self, event: Progress) -> None:
         if not self.enabled:
@@ -90,11 +96,15 @@ class ProgressBar:
         if event.finished:
             self.close(complete=True)
             return
-        if self.bar is None or event.stage != self.stage:
+        if event.stage != self.stage:
             self.close(complete=True)
+            self.stage = event.stage
+            self.stage_started = self.clock()
+        if self.bar is None:
+            if self.clock() - self.stage_started < self.delay_s:
+                return  # not shown yet: the stage may end before anyone waits for it
             from tqdm.auto import tqdm
 
-            self.stage = event.stage
             with self.output if self.output is not None else contextlib.nullcontext():
                 self.bar = tqdm(
                     total=event.total or None,
@@ -132,12 +142,15 @@ class ProgressBar:
         self.close(complete=exc_type is None)
 
 
-def resolve(progress: bool | ProgressFn | None, prefix: str = "gpudiag") -> ProgressFn | None:
-    """The callback for a ``progress=`` argument: a callable as given, ``True`` a new bar."""
+def resolve(
+    progress: bool | ProgressFn | None, prefix: str = "gpudiag", *, delay_s: float = 0.0
+) -> ProgressFn | None:
+    """The callback for a ``progress=`` argument: a callable as given, ``True`` a new bar
+    (shown once a stage has run ``delay_s`` seconds)."""
     if progress is None or progress is False:
         return None
     if progress is True:
-        return ProgressBar(prefix)
+        return ProgressBar(prefix, delay_s=delay_s)
     return progress
 
 

@@ -43,17 +43,19 @@ def test_profile_reports_each_call_then_finishes(tmp_path: Path) -> None:
         trace_dir=tmp_path,
         on_progress=on_progress,
     )
-    assert events == [
+    assert events[:5] == [
         ("profile", 1, 4, False),
         ("profile", 2, 4, False),
         ("profile", 3, 4, False),
         ("profile", 4, 4, False),
         ("profile", 0, 0, True),
-        # then the trace is read and analysed
-        ("trace", 0, 2, False),
-        ("trace", 1, 2, False),
-        ("trace", 0, 0, True),
+        # then the trace is read (its megabytes) and its one rank analysed
     ]
+    read = [e for e in events[5:] if e[0].startswith("reading ") and e[0].endswith(" (MB)")]
+    assert read
+    assert read[-1][3]  # the read finished
+    assert events[-2:] == [("ranks", 1, 1, False), ("ranks", 0, 0, True)]
+    assert len(events) == 5 + len(read) + 2
 
 
 def test_batch_scaling_that_stops_early_still_finishes(fake_clock: Any) -> None:
@@ -322,8 +324,12 @@ def test_analyze_trace_reports_reading_and_analysing() -> None:
     events: list[Progress] = []
     trace = FIXTURES / "traces" / "hta-trace_diff-control.json.gz"
     gd.analyze_trace(trace, progress=events.append)
-    assert _notes(events, "trace") == [f"reading {trace.name}", "analysing"]
-    assert events[-1].finished
+    stages = [e.stage for e in events]
+    reading = f"reading {trace.name} (MB)"
+    assert reading in stages  # the file's megabytes as they are read
+    assert stages.index(reading) < stages.index("ranks")  # then each rank analysed
+    assert Progress(reading, finished=True) in events
+    assert events[-1] == Progress("ranks", finished=True)
 
 
 def test_diagnose_reports_its_step_timing_and_its_rules(make_cpu_system: Any) -> None:
@@ -388,3 +394,23 @@ def test_the_distributed_doctor_shows_the_wait_on_its_ranks(
     assert events[0].stage == "2 ranks"
     assert events[0].unit == "s"
     assert not any(e.finished for e in events)  # it failed: not shown as finished
+
+
+def test_a_delayed_bar_shows_only_stages_that_outlast_the_delay() -> None:
+    now = [0.0]
+    bar = ProgressBar("t", delay_s=2.0, clock=lambda: now[0])
+    bar(Progress("quick", 1, 3))
+    now[0] = 1.0
+    bar(Progress("quick", 3, 3))
+    assert bar.bar is None  # finished within the delay: never drawn
+    bar(Progress("slow", 1, 10))  # starts at 1.0
+    now[0] = 2.5
+    bar(Progress("slow", 2, 10))
+    assert bar.bar is None
+    now[0] = 3.5
+    bar(Progress("slow", 4, 10))
+    assert bar.bar is not None
+    assert bar.bar.n == 4
+    bar(Progress("slow", finished=True))
+    assert bar.bar is None
+    assert bar.closed_complete == [True]

@@ -19,17 +19,52 @@ import gzip
 import io
 import os
 import pickle
+import re
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag import _progress
+from gpudiag._progress import ProgressFn, finish, report
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag.analysis.files import GiB, open_regular
 from gpudiag.analysis.memory_estimate import format_bytes
+from gpudiag.analysis.snapshot_diff import (
+    Holder,
+    Key,
+    SnapshotDiff,
+    SnapshotRanks,
+    category_bytes,
+    diff_snapshots,
+    rank_imbalance,
+    stack_category,
+)
 from gpudiag.errors import SnapshotError
 
-DEFAULT_MAX_BYTES = 1 << 30  # a snapshot of a busy 80 GB GPU is tens of MB; refuse a runaway
 SAVE_PROTOCOL = 4  # what PyTorch's memory viewer accepts
+# A snapshot pickle becomes 6-13x its size in Python objects (measured on the real snapshots in
+# tests/fixtures/memory-snapshots: 6.0x with shared frames, 12.2x in the torch 2.0 format).
+LOW_EXPANSION = 6
+_CHECK_EVERY_BYTES = 4 << 20
+
+
+def default_max_memory() -> int:
+    """Half of this machine's memory (16 GiB when it cannot be told)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, OSError, ValueError):
+        return 16 * GiB
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident memory, from /proc (None where there is no /proc)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -50,44 +85,145 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise SnapshotError("the snapshot uses persistent ids: not a plain-data pickle (refused)")
 
 
+def _too_big(name: str, limit: int, what: str) -> SnapshotError:
+    return SnapshotError(
+        f"{name}: {what}, above the {format_bytes(limit)} memory limit for reading a snapshot "
+        f"(a snapshot pickle becomes about {LOW_EXPANSION}-13x its size in memory). If this "
+        "machine has the memory, raise the limit: analyze_memory_snapshot(path, max_memory=...) "
+        "or gpudiag memory --snapshot FILE --max-memory-gb N; or take a smaller snapshot "
+        "(torch.cuda.memory._record_memory_history(max_entries=...) keeps fewer trace entries)."
+    )
+
+
+class _Guarded(io.RawIOBase):
+    """The pickle's bytes (gunzipped when gzip) as a stream that stops the read with a
+    SnapshotError once the text passes ``max_bytes`` or this process has grown by more than
+    ``max_memory`` since the read began; it reports the file's bytes read to ``on_progress``."""
+
+    def __init__(
+        self,
+        source: Any,
+        file: Any,
+        name: str,
+        max_bytes: int | None,
+        max_memory: int,
+        on_progress: ProgressFn | None,
+    ) -> None:
+        super().__init__()
+        self.source, self.file, self.name = source, file, name
+        self.max_bytes, self.max_memory = max_bytes, max_memory
+        self.on_progress = on_progress
+        try:
+            self.total = os.fstat(file.fileno()).st_size
+        except (OSError, AttributeError, io.UnsupportedOperation):
+            self.total = 0  # bytes in memory: nothing to report
+        self.read_bytes = 0
+        self.checked_at = 0
+        self.rss_at_start = _rss_bytes()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.source.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.read_bytes += n
+        if self.max_bytes is not None and self.read_bytes > self.max_bytes:
+            raise SnapshotError(
+                f"{self.name} unpacks to more than {format_bytes(self.max_bytes)}, the max_bytes "
+                "limit given; pass a larger one to read it"
+            )
+        if self.read_bytes - self.checked_at >= _CHECK_EVERY_BYTES:
+            self.checked_at = self.read_bytes
+            self._check_memory()
+            if self.total:
+                done = self.file.tell() >> 20
+                report(self.on_progress, "reading snapshot (MB)", done, self.total >> 20)
+        return n
+
+    def _check_memory(self) -> None:
+        now = _rss_bytes()
+        if now is None or self.rss_at_start is None:
+            return
+        if now - self.rss_at_start > self.max_memory:
+            raise _too_big(
+                self.name,
+                self.max_memory,
+                f"reading it took more than {format_bytes(now - self.rss_at_start)} of memory "
+                f"after {format_bytes(self.read_bytes)} of the pickle",
+            )
+
+
 def load_snapshot(
-    path: str | os.PathLike[str] | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES
+    path: str | os.PathLike[str] | bytes,
+    *,
+    max_memory: int | None = None,
+    max_bytes: int | None = None,
+    on_progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """The snapshot dict from a file (``.pickle``, gzipped or not) or raw bytes, read safely."""
+    """The snapshot dict from a file (``.pickle``, gzipped or not) or raw bytes, read safely.
+
+    The file is streamed into the unpickler (its bytes are never held beside its objects). A
+    pickle is one object graph, so the whole graph is built: reading stops with a
+    SnapshotError, saying how to raise the limit, once it would take more than ``max_memory``
+    bytes (default: half of this machine's memory). ``max_bytes`` caps the pickle's bytes
+    (after gunzip). Folders, FIFOs and devices are refused before anything is read.
+    """
+    limit = default_max_memory() if max_memory is None else max_memory
+    if limit <= 0 or (max_bytes is not None and max_bytes <= 0):
+        raise SnapshotError("max_memory and max_bytes are sizes in bytes: give them above 0")
     if isinstance(path, (bytes, bytearray)):
-        data = bytes(path)
-        name = "<bytes>"
-    else:
-        name = os.fspath(path)
-        try:
-            size = os.path.getsize(name)
-            if size > max_bytes:
-                raise SnapshotError(
-                    f"{name} is {format_bytes(size)}, above the {format_bytes(max_bytes)} limit; "
-                    "pass max_bytes= to read it anyway"
-                )
-            with open(name, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            raise SnapshotError(f"no memory snapshot at {name}") from None
-        except IsADirectoryError:
-            raise SnapshotError(f"{name} is a directory, not a snapshot file") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
-                data = gz.read(max_bytes + 1)
-        except OSError as exc:
-            raise SnapshotError(f"{name}: broken gzip ({exc})") from None
-        if len(data) > max_bytes:
-            raise SnapshotError(f"{name} unpacks to more than {format_bytes(max_bytes)}")
+        return _load(io.BytesIO(bytes(path)), None, "<bytes>", limit, max_bytes, on_progress)
+    name = os.fspath(path)
+    with open_regular(name, SnapshotError, "memory snapshot") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if max_bytes is not None and size > max_bytes and fh.read(2) != b"\x1f\x8b":
+            raise SnapshotError(
+                f"{name} is {format_bytes(size)}, above the max_bytes limit of "
+                f"{format_bytes(max_bytes)}; pass a larger one to read it"
+            )
+        fh.seek(0)
+        if size * LOW_EXPANSION > limit:
+            raise _too_big(
+                name,
+                limit,
+                f"a {format_bytes(size)} pickle needs at least "
+                f"{format_bytes(size * LOW_EXPANSION)}",
+            )
+        return _load(fh, fh, name, limit, max_bytes, on_progress)
+
+
+def _load(
+    fh: Any,
+    file: Any,
+    name: str,
+    limit: int,
+    max_bytes: int | None,
+    on_progress: ProgressFn | None,
+) -> dict[str, Any]:
+    head = fh.read(2)
+    fh.seek(0)
     try:
-        obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
+        source: Any = gzip.GzipFile(fileobj=fh, mode="rb") if head == b"\x1f\x8b" else fh
+        guarded = _Guarded(source, file or fh, name, max_bytes, limit, on_progress)
+        obj = _DataOnlyUnpickler(io.BufferedReader(guarded, 1 << 20)).load()
     except SnapshotError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise SnapshotError(f"{name}: broken gzip ({exc})") from None
+    except EOFError as exc:
+        raise SnapshotError(
+            f"{name} is not a readable pickle: it ends too early ({exc or 'truncated'})"
+        ) from None
+    except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError) as exc:
         raise SnapshotError(f"{name} is not a readable pickle: {exc}") from None
     except RecursionError:
         raise SnapshotError(f"{name} nests too deeply to be a memory snapshot") from None
+    except MemoryError:
+        raise _too_big(name, limit, "this process ran out of memory reading it") from None
+    finally:
+        finish(on_progress, "reading snapshot (MB)")
     if not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
         raise SnapshotError(
             f"{name} is a pickle but not a memory snapshot (no 'segments' list); write one with "
@@ -124,9 +260,24 @@ class OomEvent:
     stack: tuple[str, ...] = ()
 
 
-def _frames(frames: Any) -> tuple[str, ...]:
+def _int(value: Any) -> int:
+    """A byte count or address as the file has it; 0 for anything that is not a whole number
+    (a damaged or hostile field must not stop the analysis, nor become a 300-digit int)."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 63) else 0
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return 0
+
+
+def frame_strings(frames: Any) -> tuple[str, ...]:
+    """A recorded stack (a list of {filename, line, name}) as "file:line name" strings."""
+    if not isinstance(frames, (list, tuple)):
+        return ()
     out = []
-    for f in frames or ():
+    for f in frames:
         if isinstance(f, Mapping):
             out.append(f"{f.get('filename', '?')}:{f.get('line', '?')} {f.get('name', '?')}")
     return tuple(out)
@@ -188,6 +339,8 @@ class MemorySnapshot:
     live_now: tuple[StackGroup, ...]
     format: str  # "torch 2.0 (block history)" or "current (block frames)"
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # Live memory by allocation stack (every stack, largest first): what a diff compares.
+    holders: tuple[Holder, ...] = field(repr=False, compare=False, default_factory=tuple)
 
     @property
     def fragmentation(self) -> float:
@@ -247,10 +400,25 @@ class MemorySnapshot:
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the snapshot (pickle protocol 4) for pytorch.org/memory_viz."""
+        if not self.raw:
+            raise SnapshotError(
+                f"{self.source} was analysed without keeping the snapshot itself (a folder of "
+                "ranks keeps only what the analysis needs): copy the file instead"
+            )
         return save_snapshot(self.raw, path)
 
+    def diff(self, other: MemorySnapshot, *, by: Key = "stack") -> SnapshotDiff:
+        """What changed from this snapshot to ``other``: ``allocated_delta_bytes`` (exactly
+        ``other.allocated_bytes - self.allocated_bytes``) and, per allocation stack, the live
+        bytes and blocks (``.top(n)``, ``.plot()``). ``by="function"`` matches stacks without
+        their line numbers (snapshots of two versions of the code)."""
+        return diff_snapshots(self, other, by=by)
+
     def to_dict(self) -> dict[str, Any]:
-        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("raw",)}
+        data = {
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("raw", "holders")
+        }
+        data["by_category"] = category_bytes(self.holders)
         data["fragmentation"] = self.fragmentation
         data["findings"] = self.findings()
         return jsonable({"kind": "memory_snapshot", **data})
@@ -294,12 +462,38 @@ class MemorySnapshot:
         return card("CUDA memory snapshot", head + notes + grid, subtitle=self.source)
 
 
-def _block_stack(block: Mapping[str, Any]) -> tuple[str, ...]:
+# More blocks and trace entries than a snapshot of any GPU holds (a 80 GB GPU's allocator has
+# hundreds of thousands of blocks; history keeps max_entries, 100,000 by default): a pickle that
+# reuses one list millions of times (cheap in its bytes) would otherwise keep the loops busy.
+MAX_ITEMS = 50_000_000
+
+
+def _check_size(snapshot: Mapping[str, Any], source: str) -> None:
+    segments = snapshot.get("segments")
+    traces = snapshot.get("device_traces")
+    count = len(segments) if isinstance(segments, list) else 0
+    for s in segments if isinstance(segments, list) else ():
+        blocks = s.get("blocks") if isinstance(s, Mapping) else None
+        count += len(blocks) if isinstance(blocks, list) else 0
+        if count > MAX_ITEMS:
+            break
+    for t in traces if isinstance(traces, list) else ():
+        count += len(t) if isinstance(t, list) else 0
+    if count > MAX_ITEMS:
+        raise SnapshotError(
+            f"{source or 'the snapshot'} holds more than {MAX_ITEMS:,} segments, blocks and trace "
+            "entries: more than a real allocator snapshot has (it repeats one list many times, "
+            "or is not a snapshot). Refused rather than looped over."
+        )
+
+
+def block_stack(block: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where a block was allocated: its frames (current format) or its last history entry's."""
     if block.get("frames"):
-        return _frames(block["frames"])
-    history = block.get("history") or ()
-    if history and isinstance(history[-1], Mapping):
-        return _frames(history[-1].get("frames"))
+        return frame_strings(block["frames"])
+    history = block.get("history")
+    if isinstance(history, list) and history and isinstance(history[-1], Mapping):
+        return frame_strings(history[-1].get("frames"))
     return ()
 
 
@@ -308,7 +502,7 @@ def _trace_peak(
 ) -> tuple[int | None, tuple[StackGroup, ...]]:
     """Replay alloc / free_completed entries: the peak of live bytes and who held it."""
     deltas = [
-        int(e.get("size", 0)) * (1 if e.get("action") == "alloc" else -1)
+        _int(e.get("size", 0)) * (1 if e.get("action") == "alloc" else -1)
         for e in trace
         if e.get("action") in ("alloc", "free_completed")
     ]
@@ -322,11 +516,11 @@ def _trace_peak(
     for i, e in enumerate(trace):
         action = e.get("action")
         if action == "alloc":
-            level += int(e.get("size", 0))
-            live[int(e.get("addr", -i))] = (int(e.get("size", 0)), _frames(e.get("frames")))
+            level += _int(e.get("size", 0))
+            live[_int(e.get("addr", -i))] = (_int(e.get("size", 0)), frame_strings(e.get("frames")))
         elif action == "free_completed":
-            level -= int(e.get("size", 0))
-            live.pop(int(e.get("addr", -i)), None)
+            level -= _int(e.get("size", 0))
+            live.pop(_int(e.get("addr", -i)), None)
         else:
             continue
         if level > best:
@@ -338,21 +532,38 @@ def _trace_peak(
     return max(before, 0) + best, tuple(groups)
 
 
+def _holders(live: Iterable[tuple[int, tuple[str, ...]]]) -> tuple[Holder, ...]:
+    """Live bytes and blocks per allocation stack, largest first."""
+    by_stack: dict[tuple[str, ...], list[int]] = {}
+    for nbytes, stack in live:
+        g = by_stack.setdefault(stack, [0, 0])
+        g[0] += nbytes
+        g[1] += 1
+    holders = [
+        Holder(stack_category(stack), _site(stack), stack, nbytes, count)
+        for stack, (nbytes, count) in by_stack.items()
+    ]
+    holders.sort(key=lambda h: (-h.nbytes, h.site))
+    return tuple(holders)
+
+
 def analyze_snapshot_data(
-    snapshot: Mapping[str, Any], *, source: str = "", top: int = 10
+    snapshot: Mapping[str, Any], *, source: str = "", top: int = 10, keep_raw: bool = True
 ) -> MemorySnapshot:
-    """Analyse a snapshot dict (as loaded by ``load_snapshot``)."""
+    """Analyse a snapshot dict (as loaded by ``load_snapshot``). ``keep_raw``: keep the dict
+    in the result (for ``save``); a folder of ranks does not."""
+    _check_size(snapshot, source)
     segments = [s for s in snapshot.get("segments", []) if isinstance(s, Mapping)]
     blocks = [b for s in segments for b in (s.get("blocks") or []) if isinstance(b, Mapping)]
-    reserved = sum(int(s.get("total_size", 0)) for s in segments)
-    allocated = sum(int(s.get("allocated_size", 0)) for s in segments)
-    active = sum(int(s.get("active_size", 0)) for s in segments)
-    requested = sum(int(s.get("requested_size", 0)) for s in segments)
-    inactive = [int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"]
+    reserved = sum(_int(s.get("total_size", 0)) for s in segments)
+    allocated = sum(_int(s.get("allocated_size", 0)) for s in segments)
+    active = sum(_int(s.get("active_size", 0)) for s in segments)
+    requested = sum(_int(s.get("requested_size", 0)) for s in segments)
+    inactive = [_int(b.get("size", 0)) for b in blocks if b.get("state") == "inactive"]
     split = sum(
-        int(b.get("size", 0))
+        _int(b.get("size", 0))
         for s in segments
-        if int(s.get("allocated_size", 0)) > 0
+        if _int(s.get("allocated_size", 0)) > 0
         for b in (s.get("blocks") or [])
         if isinstance(b, Mapping) and b.get("state") == "inactive"
     )
@@ -364,10 +575,10 @@ def analyze_snapshot_data(
             if isinstance(e, Mapping) and e.get("action") == "oom":
                 free = e.get("device_free")
                 oom = OomEvent(
-                    int(e.get("size", 0)),
-                    int(free) if free is not None else None,
+                    _int(e.get("size", 0)),
+                    _int(free) if free is not None else None,
                     device,
-                    _frames(e.get("frames")),
+                    frame_strings(e.get("frames")),
                 )
     settings = snapshot.get("allocator_settings")
     expandable = (
@@ -375,14 +586,12 @@ def analyze_snapshot_data(
     )
     if expandable is None and any("is_expandable" in s for s in segments):
         expandable = any(bool(s.get("is_expandable")) for s in segments)
-    live_now = _group(
-        (
-            (int(b.get("size", 0)), _block_stack(b))
-            for b in blocks
-            if b.get("state") == "active_allocated"
-        ),
-        top,
-    )
+    live = [
+        (_int(b.get("size", 0)), block_stack(b))
+        for b in blocks
+        if b.get("state") == "active_allocated"
+    ]
+    live_now = _group(live, top)
     peak, at_peak = _trace_peak(entries, allocated, top)
     old_format = any("history" in b for b in blocks)
     return MemorySnapshot(
@@ -405,22 +614,95 @@ def analyze_snapshot_data(
         live_at_peak=at_peak,
         live_now=tuple(live_now),
         format="torch 2.0 (block history)" if old_format else "current (block frames)",
-        raw=dict(snapshot),
+        raw=dict(snapshot) if keep_raw else {},
+        holders=_holders(live),
     )
+
+
+_SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
 def analyze_memory_snapshot(
     path: str | os.PathLike[str] | Mapping[str, Any],
     *,
     top: int = 10,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> MemorySnapshot:
+    max_memory: int | None = None,
+    max_bytes: int | None = None,
+    progress: bool | ProgressFn | None = True,
+) -> MemorySnapshot | SnapshotRanks:
     """Read a ``torch.cuda.memory._dump_snapshot()`` pickle safely and explain it: reserved vs
     allocated, fragmentation, the ``oom`` entry (asked vs free), the call sites holding memory
-    now and at the trace's peak. ``path`` may also be an already loaded snapshot dict."""
+    now and at the trace's peak. ``path`` may also be an already loaded snapshot dict.
+
+    A folder of per-rank snapshots (``*.pickle`` / ``*.pkl``, gzipped or not; the rank from a
+    ``rank<N>`` in the name, else the file order) gives a ``SnapshotRanks``: each rank's
+    snapshot and which rank holds more than the others, in what. The ranks are read one at a
+    time and keep only what the analysis needs.
+
+    The unpickler admits only plain data (no code runs). ``max_memory`` bounds the memory the
+    read may take (default: half of this machine's), ``max_bytes`` the pickle's size; past
+    either the read stops with a SnapshotError that says how to raise it. ``progress``: a bar
+    for reads that take over two seconds.
+    """
     if isinstance(path, Mapping):
         if not isinstance(path.get("segments"), list):
             raise SnapshotError("not a memory snapshot: no 'segments' list")
         return analyze_snapshot_data(path, source="snapshot dict", top=top)
-    data = load_snapshot(path, max_bytes=max_bytes)
-    return analyze_snapshot_data(data, source=os.path.basename(os.fspath(path)), top=top)
+    on_progress = _progress.resolve(progress, "memory", delay_s=2.0)
+    name = os.fspath(path)
+    with _progress.closed_on_error(on_progress):
+        if os.path.isdir(name):
+            return _ranks(name, top, max_memory, max_bytes, on_progress)
+        data = load_snapshot(
+            name, max_memory=max_memory, max_bytes=max_bytes, on_progress=on_progress
+        )
+        return analyze_snapshot_data(data, source=os.path.basename(name), top=top)
+
+
+def _ranks(
+    folder: str,
+    top: int,
+    max_memory: int | None,
+    max_bytes: int | None,
+    on_progress: ProgressFn | None,
+) -> SnapshotRanks:
+    files = sorted(
+        f
+        for f in os.listdir(folder)
+        if f.endswith(_SNAPSHOT_SUFFIXES) and os.path.isfile(os.path.join(folder, f))
+    )
+    if not files:
+        raise SnapshotError(
+            f"no snapshot files in the folder {folder} (looked for "
+            f"{', '.join('*' + s for s in _SNAPSHOT_SUFFIXES)})"
+        )
+    named = [_RANK_IN_NAME.search(f) for f in files]
+    notes: list[str] = []
+    if all(named) and len({int(m.group(1)) for m in named if m}) == len(files):
+        ranks = [int(m.group(1)) for m in named if m]
+    else:
+        ranks = list(range(len(files)))
+        notes.append(
+            "ranks given by file order (not every file name says rank<N>): "
+            + ", ".join(f"{f} -> {r}" for f, r in zip(files, ranks, strict=True))
+        )
+    snapshots = []
+    for i, f in enumerate(files):
+        data = load_snapshot(
+            os.path.join(folder, f),
+            max_memory=max_memory,
+            max_bytes=max_bytes,
+            on_progress=on_progress,
+        )
+        snapshots.append(analyze_snapshot_data(data, source=f, top=top, keep_raw=False))
+        del data
+        _progress.report(on_progress, "ranks", i + 1, len(files))
+    _progress.finish(on_progress, "ranks")
+    order = sorted(range(len(files)), key=lambda i: ranks[i])
+    return rank_imbalance(
+        os.path.basename(os.path.normpath(folder)),
+        [ranks[i] for i in order],
+        [snapshots[i] for i in order],
+        notes,
+    )

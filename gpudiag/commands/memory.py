@@ -4,6 +4,8 @@ gpudiag memory gpt --set seq_len=512 --batch-size 8      # estimate + measured s
 gpudiag memory gpt --budget 512MiB --fit                  # largest micro-batch, what-ifs
 gpudiag memory --config config.json --seq-len 4096        # a transformer config (formula)
 gpudiag memory --snapshot oom_snapshot.pickle             # a torch.cuda memory snapshot
+gpudiag memory --snapshot snapshots/                      # per-rank snapshots: who holds more
+gpudiag memory --diff step10.pickle step20.pickle         # what grew between two snapshots
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from typing import Any
 
 from gpudiag.commands.compare import parse_overrides
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import ArgumentError, GpuDiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +47,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--inference", action="store_true", help="with --config: generation, with KV cache"
     )
-    parser.add_argument("--snapshot", default=None, help="a _dump_snapshot() pickle to explain")
+    parser.add_argument(
+        "--snapshot",
+        default=None,
+        help="a _dump_snapshot() pickle to explain, or a folder of one per rank",
+    )
+    parser.add_argument(
+        "--diff",
+        nargs=2,
+        default=None,
+        metavar=("BEFORE", "AFTER"),
+        help="two _dump_snapshot() pickles: what changed from the first to the second",
+    )
+    parser.add_argument(
+        "--by-function",
+        action="store_true",
+        help="with --diff: match allocation stacks without line numbers (two code versions)",
+    )
+    parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="memory a snapshot read may take, in GiB (default: half of this machine's)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -56,11 +80,8 @@ def compute(
     ``progress``: bars over the steps that run (estimate, measured steps, fit)."""
     from gpudiag.rules.memory import memory_findings
 
-    if args.snapshot:
-        from gpudiag.analysis.memory_snapshot import analyze_memory_snapshot
-
-        snap = analyze_memory_snapshot(args.snapshot)
-        return snap, memory_findings(snapshot=snap)
+    if args.snapshot or args.diff:
+        return _snapshots(args)
     from gpudiag.experiment.estimate import estimate_memory
 
     if args.config:
@@ -116,6 +137,32 @@ def compute(
         progress=progress,
     )
     return report, memory_findings(report=report)
+
+
+def _snapshots(args: argparse.Namespace) -> tuple[Any, Any]:
+    """A snapshot explained, a folder of ranks compared, or two snapshots diffed."""
+    from gpudiag.analysis.files import GiB
+    from gpudiag.analysis.memory_snapshot import MemorySnapshot, analyze_memory_snapshot
+    from gpudiag.rules.memory import memory_findings
+
+    max_memory = None
+    if args.max_memory_gb is not None:
+        if not 0 < args.max_memory_gb < 1 << 20:
+            raise ArgumentError(f"--max-memory-gb {args.max_memory_gb}: give a size above 0 GiB.")
+        max_memory = int(args.max_memory_gb * GiB)
+    if args.diff:
+        if args.snapshot:
+            raise ArgumentError("give --snapshot FILE or --diff BEFORE AFTER, not both")
+        before, after = (analyze_memory_snapshot(p, max_memory=max_memory) for p in args.diff)
+        if not isinstance(before, MemorySnapshot) or not isinstance(after, MemorySnapshot):
+            raise ArgumentError("--diff compares two snapshot files, not folders")
+        diff = before.diff(after, by="function" if args.by_function else "stack")
+        return diff, memory_findings(snapshot=after)
+    snap = analyze_memory_snapshot(args.snapshot, max_memory=max_memory)
+    if isinstance(snap, MemorySnapshot):
+        return snap, memory_findings(snapshot=snap)
+    # A folder of ranks: the rules read the rank that holds the most (where an OOM comes first).
+    return snap, memory_findings(snapshot=snap.rank(snap.heaviest_rank))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
+from gpudiag.analysis.files import GiB
 from gpudiag.analysis.trace import analyze_trace
+from gpudiag.errors import ArgumentError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.add_argument("--top", type=int, default=10, help="kernels and CPU operators to list")
     parser.add_argument(
+        "--max-gb",
+        type=float,
+        default=None,
+        help="the most JSON text to read from one file, in GiB (default 64: a runaway file stops)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="ranks analysed at once in separate processes (default: one per core, big traces)",
+    )
+    parser.add_argument(
         "--include-last-step",
         action="store_true",
         help="keep the last ProfilerStep in the aggregates (left out by default, as HTA does)",
@@ -23,10 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {"include_last_step": args.include_last_step}
+    if args.max_gb is not None:
+        if not 0 < args.max_gb < 1 << 20:
+            raise ArgumentError(f"--max-gb {args.max_gb}: give a size above 0 GiB.")
+        options["max_bytes"] = int(args.max_gb * GiB)
     report = analyze_trace(
         args.files,
-        include_last_step=args.include_last_step,
+        workers=args.workers,
         progress=not args.json and sys.stderr.isatty(),
+        **options,
     )
     if args.json:
         data = report.to_dict()  # its "ledger" is where the time goes, row by row

@@ -63,7 +63,7 @@ def measure_timeline(
                 arm.step()
         if stages is not None:
             stages.next("a profiled step (memory timeline)")
-        return measure_step_timeline(arm.step, device=str(workload.device))
+        return measure_step_timeline(arm.step, device=str(workload.device), track=track)
 
 
 def capped_peak(

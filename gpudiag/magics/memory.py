@@ -137,7 +137,7 @@ def _cell_report(
             _silently(code, namespace)
         stages.next("the measured run (profiled)")
         try:
-            timeline = measure_step_timeline(step)
+            timeline = measure_step_timeline(step, track=[*modules, *optimizers])
         except MemoryBudgetExceeded as exc:
             oom = exc.oom
     stages.finish()
@@ -238,10 +238,11 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
             raise GpuDiagError(f"{name} is a {type(value).__name__}, not a gd.Workload")
         else:
             args.workload = name
-    elif not (args.snapshot or args.config):
+    elif not (args.snapshot or args.config or args.diff):
         raise GpuDiagError(
             "use %%gpudiag memory over a cell (the cell is the step), or %gpudiag memory "
-            "--workload NAME (a gd.Workload variable or a demo), --config FILE or --snapshot FILE"
+            "--workload NAME (a gd.Workload variable or a demo), --config FILE, --snapshot FILE "
+            "(or a folder of per-rank snapshots) or --diff BEFORE AFTER"
         )
     result, findings = compute(args, workload, progress=not args.json)
     if args.json:

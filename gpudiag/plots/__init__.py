@@ -19,6 +19,8 @@ _FIGURES = {
     "gpudiag.experiment.fit.FitResult": "gpudiag.plots.memory:fit_figure",
     "gpudiag.experiment.memory_report.MemoryReport": "gpudiag.plots.memory:memory_report_figure",
     "gpudiag.experiment.plan.Plan": "gpudiag.plots.plan:plan_figure",
+    "gpudiag.analysis.snapshot_diff.SnapshotDiff": "gpudiag.plots.memory:snapshot_diff_figure",
+    "gpudiag.analysis.snapshot_diff.SnapshotRanks": "gpudiag.plots.memory:snapshot_ranks_figure",
 }
 
 for _type_name, _builder in _FIGURES.items():

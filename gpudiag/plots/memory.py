@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gpudiag.analysis.snapshot_diff import SnapshotDiff, SnapshotRanks
     from gpudiag.experiment.fit import FitResult
     from gpudiag.experiment.memory_report import MemoryReport
     from gpudiag.profiling.memory import MemoryTimeline
@@ -20,6 +21,15 @@ CATEGORY_COLORS: dict[str, str] = {
     "kv_cache": "#f58518",
     "inputs": "#72b7b2",
     "other": "#bab0ac",
+}
+# The categories a snapshot's allocation stacks are read into (gpudiag.analysis.snapshot_diff).
+SNAPSHOT_COLORS: dict[str, str] = {
+    "parameters": "#54a24b",
+    "optimizer": "#eeca3b",
+    "forward": "#e45756",
+    "backward": "#4c78a8",
+    "other": "#bab0ac",
+    "no stack recorded": "#79706e",
 }
 
 
@@ -121,3 +131,48 @@ def fit_figure(result: FitResult) -> Any:
     """``FitResult.plot()``: one bar per what-if that has a peak, the budget as a line."""
     rows = [(w.label, w.breakdown) for w in result.whatifs if w.peak_bytes is not None]
     return whatif_figure(rows, budget_bytes=result.budget_bytes)
+
+
+def snapshot_diff_figure(diff: SnapshotDiff, *, top: int = 15) -> Any:
+    """``SnapshotDiff.plot()``: the stacks whose live memory changed most, one bar each (MiB,
+    growth right, shrinkage left), coloured by category."""
+    import plotly.graph_objects as go
+
+    rows = list(reversed(diff.top(top)))  # plotly draws the first bar at the bottom
+    fig = go.Figure(
+        go.Bar(
+            x=[r.bytes_delta / _MIB for r in rows],
+            y=[f"{r.where[:70]} ({r.category})" for r in rows],
+            orientation="h",
+            marker_color=[SNAPSHOT_COLORS.get(r.category, "#bab0ac") for r in rows],
+            customdata=[[r.count_before, r.count_after] for r in rows],
+            hovertemplate="%{x:,.1f} MiB, blocks %{customdata[0]} -> %{customdata[1]}"
+            "<extra></extra>",
+        )
+    )
+    a, b = diff.labels
+    fig.update_layout(
+        title=f"What changed: {a} -> {b} (allocated {diff.allocated_delta_bytes / _MIB:+,.0f} MiB)",
+        xaxis_title="change of live MiB",
+        height=max(300, 40 + 28 * len(rows)),
+    )
+    return fig
+
+
+def snapshot_ranks_figure(ranks: SnapshotRanks) -> Any:
+    """``SnapshotRanks.plot()``: allocated MiB per rank, stacked by category."""
+    import plotly.graph_objects as go
+
+    from gpudiag.analysis.snapshot_diff import category_bytes
+
+    per_rank = [category_bytes(s.holders) for s in ranks.snapshots]
+    labels = [f"rank {r}" for r in ranks.ranks]
+    fig = go.Figure()
+    for category, color in SNAPSHOT_COLORS.items():
+        ys = [b.get(category, 0) / _MIB for b in per_rank]
+        if any(ys):
+            fig.add_trace(go.Bar(x=labels, y=ys, name=category, marker_color=color))
+    fig.update_layout(
+        title=f"Live memory per rank ({ranks.source})", barmode="stack", yaxis_title="MiB"
+    )
+    return fig

@@ -66,3 +66,31 @@ def cuda_memory_snapshot(
     finally:
         memory._record_memory_history(enabled=None)
     return ok(Path(path).stat().st_size, SOURCE_SNAPSHOT)
+
+
+def cuda_memory_history(fn: Callable[[], Any], *, max_entries: int = 1_000_000) -> Reading[Any]:
+    """Run ``fn`` with the allocator's history on and return ``torch.cuda.memory._snapshot()``
+    (segments, blocks and the history's alloc/free entries with their stacks: what torch's
+    notice deprecating ``export_memory_timeline`` points to). N/A without CUDA or when this
+    torch cannot record history; ``fn``'s own errors propagate (the history is switched off)."""
+    if not cuda.available():
+        return na(
+            Status.NOT_FOUND, "needs a CUDA GPU (torch.cuda is not available)", SOURCE_SNAPSHOT
+        )
+    import torch
+
+    memory: Any = torch.cuda.memory
+    if not hasattr(memory, "_snapshot"):
+        return na(Status.NOT_SUPPORTED, "this torch has no memory._snapshot", SOURCE_SNAPSHOT)
+    try:
+        memory._record_memory_history(max_entries=max_entries)
+    except (AttributeError, RuntimeError) as exc:
+        return na(
+            Status.NOT_SUPPORTED, f"this torch cannot record memory history: {exc}", SOURCE_SNAPSHOT
+        )
+    try:
+        fn()
+        snapshot = memory._snapshot()
+    finally:
+        memory._record_memory_history(enabled=None)
+    return ok(snapshot, SOURCE_SNAPSHOT)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,13 +232,57 @@ def allocator_events(prof: Any) -> list[tuple[float, int, int]]:
     return sorted(out, key=lambda ev: ev[0])
 
 
-def measure_step_timeline(step: Callable[[], Any], *, device: str = "cpu") -> MemoryTimeline:
-    """Run ``step`` once under torch.profiler and return its categorised memory timeline.
+def private_timeline_available() -> bool:
+    """Whether this torch still has the memory profiler behind ``export_memory_timeline``
+    (``torch.profiler._memory_profiler.MemoryProfileTimeline`` and ``profile._memory_profile``),
+    which PyTorch deprecates (FutureWarning: "will be removed in a future version")."""
+    try:
+        from torch.profiler import profile
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+    except ImportError:
+        return False
+    return hasattr(profile, "_memory_profile") and hasattr(
+        MemoryProfileTimeline, "_coalesce_timeline"
+    )
+
+
+def measure_step_timeline(
+    step: Callable[[], Any], *, device: str = "cpu", track: Sequence[Any] = ()
+) -> MemoryTimeline:
+    """Run ``step`` once and return its categorised memory timeline.
 
     The timeline starts with what is already live (parameters, optimizer state, inputs) and
-    follows every allocation and free of the step; categories come from torch's memory
-    profiler, which reads the autograd graph and the optimizer (shapes and stacks recorded).
+    follows every allocation and free of the step. Which of torch's instruments measures it
+    depends on what this torch has (the timeline's ``source`` says which):
+
+    1. torch's memory profiler (``torch.profiler`` with memory events, shapes and stacks, and
+       the private ``_memory_profiler.MemoryProfileTimeline`` behind the deprecated
+       ``export_memory_timeline``): categories from the autograd graph and the optimizer;
+    2. without it, on a CUDA device: the allocator's history
+       (``torch.cuda.memory._record_memory_history`` and ``_snapshot``, what torch's
+       deprecation notice points to): categories read from each allocation's stack;
+    3. without it elsewhere: ``torch.distributed._tools.mem_tracker.MemTracker``, sampled after
+       every operator: parameters, buffers, gradients, activations, temporaries and optimizer
+       state of ``track`` (the modules and optimizers live before the step);
+    4. without MemTracker: the profiler's memory events, the total only (category "other").
     """
+    if private_timeline_available():
+        return _profiler_timeline(step, device)
+    if device.startswith("cuda"):
+        timeline = _history_timeline(step, device)
+        if timeline is not None:
+            return timeline
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:
+        return _event_timeline(step, device)
+    return _tracker_timeline(step, device, track, MemTracker)
+
+
+_PRIVATE_SOURCE = "torch.profiler memory events, categorised by torch's memory profiler"
+
+
+def _profiler_timeline(step: Callable[[], Any], device: str) -> MemoryTimeline:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -265,11 +310,166 @@ def measure_step_timeline(step: Callable[[], Any], *, device: str = "cpu") -> Me
         ) from None
     # _coalesce_timeline rows: column 0 unused, then torch's export order.
     t, rows = _rows_from(times, [r[1:] for r in sizes], EXPORT_ORDER)
+    return MemoryTimeline(t, rows, device=device, source=_PRIVATE_SOURCE)
+
+
+def _tracker_timeline(
+    step: Callable[[], Any], device: str, track: Sequence[Any], tracker_type: Any
+) -> MemoryTimeline:
+    """MemTracker's live bytes by category, sampled before the step and after each operator."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    tracker = tracker_type()
+    if track:
+        tracker.track_external(*track)
+    dev = torch.device(device)
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+    times: list[float] = []
+    rows: list[tuple[int, ...]] = []
+
+    def sample() -> None:
+        per_device = tracker.get_tracker_snapshot("current").get(dev, {})
+        row = [0] * len(CATEGORIES)
+        for key, value in per_device.items():
+            name = getattr(key, "value", key)
+            if name != "Total":
+                row[index[TRACKER_CATEGORIES.get(str(name), "other")]] += int(value)
+        times.append(time.perf_counter() * 1e6)
+        rows.append(tuple(row))
+
+    class AfterEachOperator(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sample()
+            return out
+
+    with repeated_roots_allowed(tracker), tracker:
+        sample()  # what is live before the step
+        with AfterEachOperator():
+            step()
+        sample()
+    t0 = times[0]
     return MemoryTimeline(
-        t,
+        tuple(t - t0 for t in times),
+        tuple(rows),
+        device=device,
+        source="torch.distributed._tools.mem_tracker.MemTracker, sampled after each operator "
+        "(torch's memory profiler is not in this torch)",
+    )
+
+
+def _event_timeline(step: Callable[[], Any], device: str) -> MemoryTimeline:
+    """The profiler's allocator events of the step: the total over time, uncategorised."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpudiag._native_stderr import quiet_profiler_stderr
+
+    with (
+        quiet_profiler_stderr(),
+        profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
+        step()
+    events = allocator_events(prof)
+    other = CATEGORIES.index("other")
+    level, lowest = 0, 0
+    levels = []
+    for _, _, nbytes in events:
+        level += nbytes
+        lowest = min(lowest, level)
+        levels.append(level)
+    # Memory live before the step is not in the events: its frees take the level below zero.
+    times = tuple(t - events[0][0] for t, _, _ in events) if events else ()
+    rows = tuple(
+        tuple(lv - lowest if i == other else 0 for i in range(len(CATEGORIES))) for lv in levels
+    )
+    return MemoryTimeline(
+        times,
         rows,
         device=device,
-        source="torch.profiler memory events, categorised by torch's memory profiler",
+        source="torch.profiler memory events (total only: no categories in this torch)",
+        notes=(
+            "neither torch's memory profiler nor MemTracker is in this torch: the timeline "
+            "is the profiler's allocator events, uncategorised, and memory live before the "
+            "step is not counted",
+        ),
+    )
+
+
+# Allocation-stack categories (gpudiag.analysis.snapshot_diff) -> timeline categories.
+_STACK_CATEGORIES = {
+    "parameters": "parameters",
+    "optimizer": "optimizer_state",
+    "forward": "activations",
+    "backward": "gradients",
+}
+
+
+def _history_timeline(step: Callable[[], Any], device: str) -> MemoryTimeline | None:
+    """The allocator's history of the step (CUDA); None when it cannot be recorded (the step
+    has not run then). Untested on a real GPU in this version: tested with a fake
+    ``torch.cuda.memory`` that plays a real recorded snapshot."""
+    import torch
+
+    from gpudiag.probe.capture import cuda_memory_history
+
+    reading = cuda_memory_history(step)
+    if not reading.ok or not isinstance(reading.value, dict):
+        return None
+    index = torch.device(device).index or 0
+    return timeline_from_snapshot(reading.value, device=device, device_index=index)
+
+
+def timeline_from_snapshot(
+    snapshot: dict[str, Any], *, device: str = "cuda", device_index: int = 0
+) -> MemoryTimeline:
+    """A categorised timeline from an allocator snapshot with history
+    (``torch.cuda.memory._snapshot()`` after ``_record_memory_history``): each allocation's
+    category read from its stack (``gpudiag.analysis.snapshot_diff.stack_category``; backward
+    allocations, gradients and the backward pass's temporaries alike, count as gradients),
+    what was live before the history began from the blocks still live at the end."""
+    from gpudiag.analysis.memory_snapshot import analyze_snapshot_data, frame_strings
+    from gpudiag.analysis.snapshot_diff import stack_category
+
+    index = {c: i for i, c in enumerate(CATEGORIES)}
+
+    def category(stack: tuple[str, ...]) -> int:
+        return index[_STACK_CATEGORIES.get(stack_category(stack), "other")]
+
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device_index] if device_index < len(traces) else []
+    live: dict[int, tuple[int, int]] = {}  # address -> (bytes, category) allocated in the trace
+    deltas: list[tuple[float, int, int]] = []
+    for e in trace:
+        if not isinstance(e, dict):
+            continue
+        action, size, addr = e.get("action"), int(e.get("size", 0)), int(e.get("addr", 0))
+        if action == "alloc":
+            cat = category(frame_strings(e.get("frames")))
+            live[addr] = (size, cat)
+            deltas.append((float(e.get("time_us", 0)), cat, size))
+        elif action == "free_completed":
+            size, cat = live.pop(addr, (size, index["other"]))
+            deltas.append((float(e.get("time_us", 0)), cat, -size))
+    at_end = [0] * len(CATEGORIES)
+    for h in analyze_snapshot_data(snapshot, keep_raw=False).holders:
+        at_end[index[_STACK_CATEGORIES.get(h.category, "other")]] += h.nbytes
+    level = list(at_end)
+    for _, cat, nbytes in deltas:
+        level[cat] -= nbytes  # back to the start: what was live before the history began
+    times: list[float] = [deltas[0][0] if deltas else 0.0]
+    rows: list[tuple[int, ...]] = [tuple(max(v, 0) for v in level)]
+    for t, cat, nbytes in deltas:
+        level[cat] += nbytes
+        times.append(t)
+        rows.append(tuple(max(v, 0) for v in level))
+    t0 = times[0]
+    return MemoryTimeline(
+        tuple(t - t0 for t in times),
+        tuple(rows),
+        device=device,
+        source="torch.cuda.memory allocator history (_record_memory_history), categories read "
+        "from allocation stacks",
     )
 
 

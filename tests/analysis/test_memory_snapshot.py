@@ -89,7 +89,7 @@ def test_a_hostile_pickle_is_refused_and_never_run(tmp_path: Path, protocol: int
 
 
 def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
-    with pytest.raises(ms.SnapshotError, match="no memory snapshot"):
+    with pytest.raises(ms.SnapshotError, match="memory snapshot not found"):
         gd.analyze_memory_snapshot(tmp_path / "missing.pickle")
     truncated = tmp_path / "cut.pickle"
     truncated.write_bytes(OOM.read_bytes()[:5000])

@@ -60,3 +60,21 @@ def test_other_processes_from_a_recorded_machine(fixtures_dir: Any) -> None:
     report = gd.MemoryReport("wl", MemoryTimeline((), ()))
     with_others = dataclasses.replace(report, other_processes=found)
     assert "pid 725" in repr(with_others)
+
+
+def test_memory_report_without_torchs_private_memory_profiler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gd.memory on a torch without ``torch.profiler._memory_profiler`` (deprecated): MemTracker
+    categorises the measured step, and the report still explains it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.profiler._memory_profiler", None)
+    wl = workloads.get("gpt", seq_len=128, batch_size=2, d_model=64)
+    report = gd.memory(wl)
+    assert "MemTracker" in report.timeline.source
+    params = sum(p.numel() * 4 for p in wl.model.parameters())
+    assert report.timeline.at_peak["parameters"] == params
+    assert report.timeline.at_peak["optimizer_state"] >= 2 * params
+    assert report.estimate is not None
+    assert report.estimate.peak_bytes == pytest.approx(report.peak_bytes, rel=0.15)

@@ -56,7 +56,7 @@ def test_cli_snapshot_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "memory.fragmentation" in out
     assert main(["memory", "--snapshot", "/nonexistent.pickle"]) == 1
-    assert "no memory snapshot" in capsys.readouterr().err
+    assert "memory snapshot not found" in capsys.readouterr().err
 
 
 def test_cli_estimate_of_a_demo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,3 +170,26 @@ def test_cell_magic_follows_the_notebook_functions_the_cell_calls(ipython_shell:
     assert report.at_peak["optimizer_state"] > 0
     assert snap.differences() == []  # ... and so did the restore
     assert not opt.state
+
+
+FLEXGEN_13B = SNAPSHOTS / "flexgen-fork-opt-1.3b_snapshot.pickle"
+FLEXGEN_OOM = SNAPSHOTS / "flexgen-fork-opt-oom_snapshot.pickle"
+
+
+def test_cli_diff_of_two_snapshots(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["memory", "--diff", str(FLEXGEN_13B), str(FLEXGEN_OOM), "--by-function", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "memory_snapshot_diff"
+    assert data["allocated_delta_bytes"] == 11_840_159_744 - 5_683_450_880
+    assert data["rows"][0]["category"] == "parameters"
+    assert main(["memory", "--diff", str(FLEXGEN_13B), str(SNAPSHOTS)]) == 1
+    assert "not folders" in capsys.readouterr().err
+
+
+def test_line_magic_diff_and_snapshot(ipython_shell: Any) -> None:
+    ip = ipython_shell
+    diff = ip.run_line_magic("gpudiag", f"memory --diff {FLEXGEN_13B} {FLEXGEN_OOM} --json")
+    assert diff["allocated_delta_bytes"] == 11_840_159_744 - 5_683_450_880
+    snap = ip.run_line_magic("gpudiag", f"memory --snapshot {FLEXGEN_OOM} --json")
+    assert snap["allocated_bytes"] == 11_840_159_744

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
+from gpudiag import _progress
+from gpudiag._progress import ProgressFn
 from gpudiag.analysis.costed_ops import dtype_of
 from gpudiag.analysis.trace.attention import attention_use
 from gpudiag.analysis.trace.breakdown import (
@@ -24,7 +25,6 @@ from gpudiag.analysis.trace.breakdown import (
 )
 from gpudiag.analysis.trace.collectives import MIN_MATCHED_CALLS, rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
-from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
     KernelColumns,
@@ -33,9 +33,10 @@ from gpudiag.analysis.trace.kernels import (
     launch_columns,
     tensor_core_use,
 )
+from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.ledger import LedgerInput, build_ledger
-from gpudiag.analysis.trace.load import load_trace
+from gpudiag.analysis.trace.load import DEFAULT_MAX_BYTES, load_trace
 from gpudiag.analysis.trace.model import (
     I64,
     LAUNCH_RUNTIME_NAMES,
@@ -44,7 +45,7 @@ from gpudiag.analysis.trace.model import (
     Kind,
     RankTrace,
 )
-from gpudiag.analysis.trace.nesting import nest
+from gpudiag.analysis.trace.nesting import Nesting, nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
 from gpudiag.analysis.trace.report import RankReport, TraceReport
 from gpudiag.analysis.trace.shapes import shaped_ops
@@ -57,7 +58,7 @@ from gpudiag.analysis.trace.syncs import (
 )
 from gpudiag.analysis.trace.transfers import transfers
 from gpudiag.analysis.trace.window import analysis_window, find_steps, gpu_mask
-from gpudiag.errors import TraceError
+from gpudiag.errors import ArgumentError, TraceError
 
 PathLike = str | os.PathLike[str]
 _TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
@@ -79,34 +80,38 @@ def _launch_rows(events: Events, rows: I64) -> I64:
     return out
 
 
+def _per_key(keys: np.ndarray, value_of: Callable[[int], object]) -> np.ndarray:
+    """``value_of(key)`` for each of ``keys`` (an object array), called once per distinct key."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    values = np.empty(uniq.size, dtype=object)
+    values[:] = [value_of(k) for k in uniq.tolist()]
+    return values[inv.reshape(-1)]
+
+
 def _categories(events: Events, rows: I64) -> np.ndarray:
-    cache: dict[tuple[int, int], str] = {}
-    out = np.empty(rows.size, dtype=object)
-    for i, (nid, kind) in enumerate(
-        zip(events.name[rows].tolist(), events.kind[rows].tolist(), strict=True)
-    ):
-        cat = cache.get((nid, kind))
-        if cat is None:
-            cat = cache[(nid, kind)] = kernel_category(kind, events.names[nid])
-        out[i] = cat
-    return out
+    # One (name, kind) code per row; the category of each distinct pair.
+    code = events.name[rows].astype(np.int64) * 256 + events.kind[rows]
+    return _per_key(code, lambda c: kernel_category(c % 256, events.names[c // 256]))
 
 
 def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
     """The dtype each launching operator's recorded Input type says (None: not recorded)."""
-    out = np.full(op_rows.size, None, dtype=object)
     inputs = events.inputs
-    if not inputs:
-        return out
-    cache: dict[int, str | None] = {}
-    for i, o in enumerate(op_rows.tolist()):
-        if o < 0 or o not in inputs:
-            continue
-        if o not in cache:
-            types = inputs[o].types
-            cache[o] = dtype_of(types) if types else None
-        out[i] = cache[o]
-    return out
+    if not inputs or op_rows.size == 0:
+        return np.full(op_rows.size, None, dtype=object)
+
+    def dtype(o: int) -> str | None:
+        types = inputs[o].types if o in inputs else None
+        return dtype_of(types) if types else None
+
+    return _per_key(op_rows, dtype)
+
+
+def _op_names(events: Events, op_rows: I64) -> np.ndarray:
+    """The name of each launching operator (None where it is not known)."""
+    if op_rows.size == 0:
+        return np.empty(0, dtype=object)
+    return _per_key(op_rows, lambda o: events.names[events.name[o]] if o >= 0 else None)
 
 
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
@@ -123,23 +128,35 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     )
     sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, sync_ids))
     nesting = nest(ev, np.concatenate((all_launch[all_launch >= 0], sync_calls)))
+    # The analyses run in an order that frees each big intermediate as soon as the last one
+    # reading it is done (a multi-GB trace's rank holds millions of rows): the results do not
+    # depend on the order.
+    cpu = cpu_ops(ev, nesting, window.host)
+    nesting = Nesting(nesting.parent_op, np.zeros(0))  # self times: read by cpu_ops alone
     all_launch_ts = np.where(all_launch >= 0, ev.ts[np.clip(all_launch, 0, None)], np.nan)
     all_cats = _categories(ev, all_gpu)
     g_all: GpuRows | None = gpu_rows(ev, all_gpu, all_cats, all_launch_ts) if has_gpu else None
+    n_steps_in_window = (
+        len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
+    )
+    step_list = step_reports(ev, steps, g_all, n_steps_in_window)
+    busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
+    del g_all
 
     in_win = window.gpu[all_gpu]
     win_rows = all_gpu[in_win]
     win_launch = all_launch[in_win]
     g_win = gpu_rows(ev, win_rows, all_cats[in_win], all_launch_ts[in_win])
+    del all_launch_ts
 
     breakdown = temporal(g_win) if win_rows.size else None
     cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
     op_rows = np.where(win_launch >= 0, nesting.parent_op[np.clip(win_launch, 0, None)], -1)
-    op_names = np.array(
-        [ev.names[ev.name[o]] if o >= 0 else None for o in op_rows.tolist()], dtype=object
-    )
-    kernels = kernel_table(ev, cols, op_names, _op_dtypes(ev, op_rows))
+    op_names = _op_names(ev, op_rows)
+    op_dtypes = _op_dtypes(ev, op_rows)
+    kernels = kernel_table(ev, cols, op_names, op_dtypes)
     tc = tensor_core_use(ev, cols, op_rows, op_names.tolist()) if kernels else None
+    del op_names
     attention = attention_use(ev, nesting, window.host, win_rows, op_rows)
     shaped = shaped_ops(
         ev,
@@ -151,16 +168,12 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         cols.tensor_cores,
         attention_rows=attention.matmul_rows,
     )
+    del cols, op_rows
     launches = (
         launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
         if breakdown is not None
         else None
     )
-    n_steps_in_window = (
-        len(steps) - 1 if window.excluded_last_step and len(steps) >= 2 else len(steps)
-    )
-    step_list = step_reports(ev, steps, g_all, n_steps_in_window)
-    busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
     syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
     warm = spans(ev, warmup_rows(ev))
@@ -171,6 +184,25 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             else s
             for s in syncs
         )
+    ledger = build_ledger(
+        LedgerInput(
+            events=ev,
+            rows=win_rows,
+            launch_rows=win_launch,
+            op_dtypes=op_dtypes,
+            eager_rows=attention.eager_kernel_rows,
+            syncs=syncs,
+            nesting=nesting,
+            window=window.description,
+            rank=rank,
+        )
+    )
+    del nesting, busy, op_dtypes
+    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
+    overlap = comm_compute_overlap(g_win) if win_rows.size else None
+    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
+    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
+    del g_win
 
     missing = kernels_not_recorded(trace)
     if missing is not None:
@@ -219,19 +251,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     collectives, collective_notes = rank_collectives(
         ev, all_gpu, all_launch, all_cats, trace.world_size or 1
     )
-    ledger = build_ledger(
-        LedgerInput(
-            events=ev,
-            rows=win_rows,
-            launch_rows=win_launch,
-            op_dtypes=_op_dtypes(ev, op_rows),
-            eager_rows=attention.eager_kernel_rows,
-            syncs=syncs,
-            nesting=nesting,
-            window=window.description,
-            rank=rank,
-        )
-    )
     return RankReport(
         rank=rank,
         path=trace.path,
@@ -242,12 +261,12 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         window=window.description,
         has_gpu_events=has_gpu,
         breakdown=breakdown,
-        busy_by_category_set=overlap_by_category_set(g_win) if win_rows.size else {},
-        comm_compute_overlap=comm_compute_overlap(g_win) if win_rows.size else None,
-        stream_idle=stream_idle(g_win) if win_rows.size else (),
+        busy_by_category_set=busy_by_category_set,
+        comm_compute_overlap=overlap,
+        stream_idle=idle_by_stream,
         kernels=kernels,
         tensor_cores=tc,
-        cpu_ops=cpu_ops(ev, nesting, window.host),
+        cpu_ops=cpu,
         launches=launches,
         transfers=transfers(ev, win_rows, trace.devices),
         syncs=syncs,
@@ -260,7 +279,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         attention=attention,
         collectives=collectives,
         collective_notes=collective_notes,
-        idle_in_host_waits_us=_idle_in_waits(g_win, syncs) if win_rows.size else None,
+        idle_in_host_waits_us=idle_in_waits,
         ledger=ledger,
         kernels_missing=missing,
     )
@@ -308,11 +327,36 @@ def _idle_in_waits(g: GpuRows, syncs: Sequence[SyncEvent]) -> tuple[float, float
     order = np.argsort(g.starts, kind="stable")
     first = order[np.searchsorted(g.starts[order], gap_hi, side="left")]
     queued = g.launch_ts[first] <= gap_lo  # NaN (launch not recorded) is not queued
+    # Gaps are sorted and disjoint: a wait overlaps the gaps from the first that ends after
+    # it begins to the last that starts before it ends. Most overlap one or two; those sums
+    # are taken here for all waits at once, the others over every gap as before, so each
+    # wait's share is the same float as summing over all gaps, and the shares add up in order.
+    first_gap = np.searchsorted(gap_hi, ws, side="right")
+    n_gaps = np.searchsorted(gap_lo, we, side="left") - first_gap
+    shares = np.zeros(ws.size)
+    queued_shares = np.zeros(ws.size)
+    for k in (0, 1):
+        has = n_gaps > k
+        at = np.minimum(first_gap + k, max(gap_lo.size - 1, 0))
+        if not has.any():
+            continue
+        part = np.clip(np.minimum(gap_hi[at], we) - np.maximum(gap_lo[at], ws), 0.0, None)
+        shares += np.where(has, part, 0.0)
+        queued_shares += np.where(has & queued[at], part, 0.0)
+    for i in np.flatnonzero(n_gaps > 2).tolist():
+        a, b = ws[i], we[i]
+        span = slice(int(first_gap[i]), int(first_gap[i] + n_gaps[i]))
+        part = np.clip(np.minimum(gap_hi[span], b) - np.maximum(gap_lo[span], a), 0.0, None)
+        if not np.array_equal(part, np.round(part)):
+            # Fractional microseconds: summed over every gap, zeros included, as numpy's
+            # pairwise sum groups them (whole numbers add up the same in any order).
+            span = slice(None)
+            part = np.clip(np.minimum(gap_hi, b) - np.maximum(gap_lo, a), 0.0, None)
+        shares[i], queued_shares[i] = part.sum(), part[queued[span]].sum()
     inside = inside_queued = 0.0
-    for a, b in zip(ws.tolist(), we.tolist(), strict=True):
-        part = np.clip(np.minimum(gap_hi, b) - np.maximum(gap_lo, a), 0.0, None)
-        inside += float(part.sum())
-        inside_queued += float(part[queued].sum())
+    for share, queued_share in zip(shares.tolist(), queued_shares.tolist(), strict=True):
+        inside += share
+        inside_queued += queued_share
     return inside, inside_queued
 
 
@@ -367,25 +411,42 @@ def _assign_ranks(traces: Sequence[RankTrace]) -> tuple[list[int], list[str]]:
     return ranks, notes
 
 
+def _check_events(trace: RankTrace) -> None:
+    if len(trace.events) == 0:
+        raise TraceError(
+            f"{trace.path} holds no events (metadata only): the profiler recorded nothing. "
+            "Make sure the profiled code ran inside the schedule's active steps and that "
+            "prof.step() is called once per step."
+        )
+
+
+def _header(trace: RankTrace) -> RankTrace:
+    """The trace without its events: what the checks across ranks read."""
+    return dataclasses.replace(trace, events=Events.empty())
+
+
 def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = False) -> TraceReport:
     if not traces:
         raise TraceError("no trace to analyse.")
     for t in traces:
-        if len(t.events) == 0:
-            raise TraceError(
-                f"{t.path} holds no events (metadata only): the profiler recorded nothing. "
-                "Make sure the profiled code ran inside the schedule's active steps and that "
-                "prof.step() is called once per step."
-            )
+        _check_events(t)
     check_one_job(traces)
     ranks, notes = _assign_ranks(traces)
-    reports = sorted(
-        (
-            analyze_rank(t, r, include_last_step=include_last_step)
-            for t, r in zip(traces, ranks, strict=True)
-        ),
-        key=lambda r: r.rank,
-    )
+    reports = [
+        analyze_rank(t, r, include_last_step=include_last_step)
+        for t, r in zip(traces, ranks, strict=True)
+    ]
+    return _combined(traces, ranks, reports, notes)
+
+
+def _combined(
+    traces: Sequence[RankTrace],
+    ranks: Sequence[int],
+    rank_reports: Sequence[RankReport],
+    notes: list[str],
+) -> TraceReport:
+    """The report over the ranks: each rank's report, the comparison, the stragglers."""
+    reports = sorted(rank_reports, key=lambda r: r.rank)
     worlds = {t.world_size for t in traces if t.world_size}
     missing: tuple[int, ...] = ()
     if len(worlds) == 1:
@@ -428,29 +489,102 @@ def analyze_traces(traces: Sequence[RankTrace], *, include_last_step: bool = Fal
     )
 
 
+def _one_rank(
+    path: Path, include_last_step: bool, max_bytes: int, on_progress: ProgressFn | None = None
+) -> tuple[RankTrace, RankReport]:
+    """Read and analyse one file: its header and its report (rank -1 until ranks are known).
+    Its events are dropped on return, so one rank at a time holds memory."""
+    trace = load_trace(path, max_bytes=max_bytes, on_progress=on_progress)
+    _check_events(trace)
+    return _header(trace), analyze_rank(trace, -1, include_last_step=include_last_step)
+
+
+# Below this much trace text, starting worker processes costs more than it saves.
+_PARALLEL_FROM_BYTES = 256 << 20
+
+
+def _workers(files: Sequence[Path], workers: int | None) -> int:
+    """How many processes analyse ranks at once: as asked, else one per rank up to the CPU
+    cores this process may use, for big traces only."""
+    if workers is not None:
+        if workers < 1:
+            raise ArgumentError(f"workers={workers}: give 1 or more (or None to choose).")
+        return min(workers, len(files))
+    if len(files) < 2 or sum(_size(f) for f in files) < _PARALLEL_FROM_BYTES:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(len(files), cores or 1))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def analyze_trace(
     path_or_paths: PathLike | Iterable[PathLike],
     *,
     include_last_step: bool = False,
-    progress: bool | ProgressFn = True,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    workers: int | None = None,
+    progress: bool | ProgressFn | None = True,
 ) -> TraceReport:
     """Analyse Kineto / torch.profiler traces: one file per rank (or a folder of them).
 
-    Reads ``.json`` and ``.json.gz`` files as ``torch.profiler`` writes them. With two or more
-    ``ProfilerStep`` ranges the last step is left out of the aggregates unless
-    ``include_last_step`` (HTA does the same, so the numbers compare). Raises
-    ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated or empty file; what a
-    readable trace cannot tell is listed in ``report.notes``. ``progress``: a bar over the
-    files read and the analysis (``True``; a few seconds per 100 MB of JSON), or a callback.
+    Reads ``.json`` and ``.json.gz`` files as ``torch.profiler`` writes them, streamed: memory
+    holds one rank's columns of the fields the analyses use, not the file. Ranks are read one
+    at a time, or ``workers`` at once in separate processes (default: one per core for big
+    traces of several ranks; each holds one rank). With two or more ``ProfilerStep`` ranges the
+    last step is left out of the aggregates unless ``include_last_step`` (HTA does the same, so
+    the numbers compare). ``max_bytes`` caps the JSON text read from one file (after gunzip;
+    default 64 GiB). ``progress``: a bar for reads that take over two seconds (``False``: none;
+    a callable: your own ``gpudiag._progress`` callback). Raises
+    ``gpudiag.errors.TraceError`` for a missing, corrupt, truncated, empty or special file;
+    what a readable trace cannot tell (and what was read around) is listed in
+    ``report.notes``.
     """
     files = _expand(path_or_paths)
-    stages = Stages(resolve(progress), "trace", len(files) + 1)
-    traces = []
-    with closed_on_error(stages.on_progress):
-        for path in files:
-            stages.next(f"reading {path.name}")
-            traces.append(load_trace(path))
-        stages.next("analysing")
-        report = analyze_traces(traces, include_last_step=include_last_step)
-    stages.finish()
-    return report
+    on_progress = _progress.resolve(progress, "trace", delay_s=2.0)
+    n_workers = _workers(files, workers)
+    with _progress.closed_on_error(on_progress):
+        if n_workers == 1:
+            results = []
+            for i, path in enumerate(files):
+                results.append(_one_rank(path, include_last_step, max_bytes, on_progress))
+                check_one_job([header for header, _ in results])
+                _progress.report(on_progress, "ranks", i + 1, len(files))
+        else:
+            results = _in_processes(files, include_last_step, max_bytes, n_workers, on_progress)
+            check_one_job([header for header, _ in results])
+        _progress.finish(on_progress, "ranks")
+    headers = [header for header, _ in results]
+    ranks, notes = _assign_ranks(headers)
+    reports = [
+        dataclasses.replace(report, rank=rank)
+        for (_, report), rank in zip(results, ranks, strict=True)
+    ]
+    return _combined(headers, ranks, reports, notes)
+
+
+def _in_processes(
+    files: Sequence[Path],
+    include_last_step: bool,
+    max_bytes: int,
+    workers: int,
+    on_progress: ProgressFn | None,
+) -> list[tuple[RankTrace, RankReport]]:
+    """``_one_rank`` of each file in ``workers`` fresh processes (spawned: safe beside a
+    notebook's threads), in file order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = [pool.submit(_one_rank, p, include_last_step, max_bytes) for p in files]
+        results = []
+        for i, future in enumerate(futures):
+            results.append(future.result())
+            _progress.report(on_progress, "ranks", i + 1, len(files))
+    return results

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpudiag.analysis.trace.kernel_classes import ATTENTION_FAMILIES, classify_kernel
-from gpudiag.analysis.trace.model import I64, Bool, Events, Kind, fields_json
+from gpudiag.analysis.trace.model import I64, Bool, Events, Ids, Kind, fields_json
 from gpudiag.analysis.trace.nesting import Nesting
 
 SOFTMAX_OPS = frozenset(
@@ -177,7 +177,7 @@ class _Work:
         return frozenset(self.kernel_rows[mine].tolist())
 
     @staticmethod
-    def _owner(op: int, parent: I64, wanted: set[int], memo: dict[int, int]) -> int:
+    def _owner(op: int, parent: Ids, wanted: set[int], memo: dict[int, int]) -> int:
         path = []
         row = op
         while row >= 0 and row not in wanted and row not in memo:
@@ -228,7 +228,7 @@ def _neighbour_matmul(names: list[str], start: int, step: int) -> int | None:
     return None
 
 
-def _inside(row: int, parent: I64, name_of: Any, target: str, depth: int = 4) -> bool:
+def _inside(row: int, parent: Ids, name_of: Any, target: str, depth: int = 4) -> bool:
     for _ in range(depth):
         row = int(parent[row])
         if row < 0:

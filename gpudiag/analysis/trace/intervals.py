@@ -46,13 +46,14 @@ def time_by_category_set(starts: F64, ends: F64, category: I64, n_categories: in
     """
     out = np.zeros(1 << n_categories)
     times: list[F64] = []
-    deltas: list[I64] = []
+    deltas: list[np.ndarray] = []  # +bit where a category starts, -bit where it ends
     for c in range(n_categories):
         sel = category == c
         ms, me = merge(starts[sel], ends[sel])
         bit = 1 << c
         times += [ms, me]
-        deltas += [np.full(ms.size, bit, np.int64), np.full(me.size, -bit, np.int64)]
+        small = np.int8 if n_categories < 8 else np.int64
+        deltas += [np.full(ms.size, bit, small), np.full(me.size, -bit, small)]
     if not times:
         return out
     t = np.concatenate(times)
@@ -61,7 +62,7 @@ def time_by_category_set(starts: F64, ends: F64, category: I64, n_categories: in
         return out
     order = np.argsort(t, kind="stable")
     t, d = t[order], d[order]
-    mask = np.cumsum(d)
+    mask = np.cumsum(d, dtype=np.int64)
     seg = np.diff(t)
     np.add.at(out, mask[:-1], seg)
     out[0] = 0.0  # gaps between busy periods are idle, reported separately

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from gpudiag.analysis.trace.model import (
     DeviceProperties,
     Events,
     Kind,
+    LaunchTable,
     dense_codes,
     fields_json,
 )
@@ -223,7 +225,7 @@ def _occupancy(
     x = extra[idx]
     blocks, threads = lt.blocks[x], lt.threads_per_block[x]
     regs, smem = lt.registers_per_thread[x], lt.shared_memory_bytes[x]
-    dev_ids = events.device[rows][idx]
+    dev_ids: np.ndarray = events.device[rows][idx]
     ok = (blocks > 0) & (threads > 0)
     idx, blocks, threads, regs, smem, dev_ids = (
         a[ok] for a in (idx, blocks, threads, regs, smem, dev_ids)
@@ -240,16 +242,12 @@ def _occupancy(
     except ImportError:  # pragma: no cover - shipped together
         return theo, achieved, sm_eff, per_sm, limited
     # One calculator call per distinct (device, block size, registers, shared memory).
-    configs: dict[tuple[int, int, int, int], int] = {}
-    inv = np.array(
-        [
-            configs.setdefault(key, len(configs))
-            for key in zip(
-                dev_ids.tolist(), threads.tolist(), regs.tolist(), smem.tolist(), strict=True
-            )
-        ],
-        dtype=np.int64,
-    )
+    numbered = _numbered((dev_ids, threads, regs, smem))
+    configs: dict[tuple[int, int, int, int], int] = {
+        (int(dev_ids[i]), int(threads[i]), int(regs[i]), int(smem[i])): c
+        for c, i in enumerate(numbered.first.tolist())
+    }
+    inv = numbered.number
     c_theo = np.full(len(configs), np.nan)
     c_active = np.full(len(configs), np.nan)
     c_max_warps = np.full(len(configs), np.nan)
@@ -327,7 +325,7 @@ def kernel_table(
     tensor = cols.tensor_cores[sub]
     cats = cols.category[sub]
     extra = events.extra[rows]
-    lt = events.launches
+    cfg_of, configs = _launch_configs(events.launches, extra)
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
     out: list[KernelStats] = []
@@ -342,27 +340,26 @@ def kernel_table(
         limit: tuple[str, ...] = ()
         xs = extra[members]
         if (xs >= 0).any():
-            # The launch configuration that accounts for the most time.
-            by_cfg: dict[tuple[Any, ...], float] = {}
-            first: dict[tuple[Any, ...], int] = {}
-            for m, x in zip(members.tolist(), xs.tolist(), strict=True):
-                if x < 0:
-                    continue
-                cfg = (lt.grid[x], lt.block[x], int(lt.registers_per_thread[x]),
-                       int(lt.shared_memory_bytes[x]))  # fmt: skip
-                by_cfg[cfg] = by_cfg.get(cfg, 0.0) + float(dur[m])
-                first.setdefault(cfg, m)
-            best = max(by_cfg, key=by_cfg.__getitem__)
+            # The launch configuration that accounts for the most time (ties: the one seen
+            # first). A config's time is its launches' durations added in row order.
+            launched = members[xs >= 0]
+            cfg = cfg_of[launched]
+            kinds, first_at, code = np.unique(cfg, return_index=True, return_inverse=True)
+            in_order = np.argsort(first_at, kind="stable")
+            totals = np.bincount(code.reshape(-1), weights=dur[launched])[in_order]
+            best_at = int(first_at[in_order[int(np.argmax(totals))]])
+            best = configs[int(kinds[in_order[int(np.argmax(totals))]])]
             grid, block = best[0], best[1]
             regs = best[2] if best[2] >= 0 else None
             smem = best[3] if best[3] >= 0 else None
-            limit = cols.limited_by[sub[first[best]]] if cols.limited_by else ()
+            limit = cols.limited_by[sub[launched[best_at]]] if cols.limited_by else ()
         launcher = None
         if launched_by is not None:
             ops = launched_by[sub[members]]
-            known = [o for o in ops.tolist() if o]
+            known = Counter(o for o in ops.tolist() if o)
             if known:
-                launcher = max(set(known), key=known.count)
+                # The operator that launched most of them; a tie goes to the first seen.
+                launcher = max(known, key=known.__getitem__)
         op_dtype = None
         if op_dtypes is not None:
             by_dtype: dict[str, float] = {}
@@ -409,6 +406,118 @@ def kernel_table(
     return tuple(out)
 
 
+@dataclass(frozen=True, eq=False)
+class _Calls:
+    """The operator calls among some GPU rows, numbered in first-seen order: each call's name,
+    its kernels' time, the part on tensor cores, the part whose kernels' names cannot tell,
+    and (call, kernel name, time) for each of its kernels in the order its rows show them.
+    Times are added in row order, as a running sum would; arrays, not a dict per call."""
+
+    names: list[str]
+    kernel_us: list[float]
+    tc_us: list[float]
+    unknown_us: list[float]
+    pair_call: list[int]
+    pair_kernel: list[str]
+    pair_us: list[float]
+
+
+def _per_call(
+    events: Events,
+    cols: KernelColumns,
+    op_of_row: I64,
+    op_names: Sequence[str | None],
+    idx: I64,
+    dur: F64,
+) -> _Calls:
+    if idx.size == 0:
+        return _Calls([], [], [], [], [], [], [])
+    calls, first, code = np.unique(op_of_row[idx], return_index=True, return_inverse=True)
+    rank = np.empty(calls.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(calls.size)
+    call = rank[code.reshape(-1)]  # call number of each row, numbered in first-seen order
+    d = dur[idx]
+    tc = cols.tensor_cores[idx]
+    unknown = (
+        ~tc & cols.tensor_cores_unknown[idx]
+        if cols.tensor_cores_unknown is not None
+        else np.zeros(idx.size, dtype=bool)
+    )
+    kernel_us = np.bincount(call, weights=d, minlength=calls.size)
+    tc_us = np.bincount(call, weights=np.where(tc, d, 0.0), minlength=calls.size)
+    unknown_us = np.bincount(call, weights=np.where(unknown, d, 0.0), minlength=calls.size)
+    kname = events.name[cols.rows[idx]].astype(np.int64)
+    width = int(kname.max()) + 1
+    pair = call * width + kname
+    pairs, pair_first, pair_code = np.unique(pair, return_index=True, return_inverse=True)
+    pair_us = np.bincount(pair_code.reshape(-1), weights=d, minlength=pairs.size)
+    order = np.lexsort((pair_first, pairs // width))
+    first_rows = idx[first[np.argsort(rank)]]
+    return _Calls(
+        names=[op_names[r] or "?" for r in first_rows.tolist()],
+        kernel_us=kernel_us.tolist(),
+        tc_us=tc_us.tolist(),
+        unknown_us=unknown_us.tolist(),
+        pair_call=(pairs[order] // width).tolist(),
+        pair_kernel=[events.names[k] for k in (pairs[order] % width).tolist()],
+        pair_us=pair_us[order].tolist(),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Numbered:
+    number: I64  # of each row: the number of its tuple of values
+    first: I64  # of each number: the first row with that tuple
+
+
+def _numbered(columns: Sequence[np.ndarray]) -> _Numbered:
+    """Number the distinct tuples of values across integer columns (row-wise), from one int64
+    code per row built from each column's dense codes: no Python tuple per row (a
+    multi-GB trace has millions of launches), no sorted copies of a many-column array."""
+    code = np.zeros(columns[0].size, dtype=np.int64)
+    span = 1
+    for column in columns:
+        values, dense = np.unique(column, return_inverse=True)
+        span *= values.size
+        code = code * values.size + dense.reshape(-1)
+    if span >= 1 << 62:  # too many distinct values for one int64 (a damaged file)
+        code = np.stack(columns, axis=1)
+    _, first, number = np.unique(code, axis=0, return_index=True, return_inverse=True)
+    return _Numbered(number.reshape(-1), first)
+
+
+class _Numbers(dict[Any, int]):
+    """Values numbered in the order first seen."""
+
+    def __missing__(self, key: Any) -> int:
+        value = self[key] = len(self)
+        return value
+
+
+def _launch_configs(
+    lt: LaunchTable, extra: np.ndarray
+) -> tuple[I64, list[tuple[Any, Any, int, int]]]:
+    """A number per launch configuration (grid, block, registers, shared memory) of each row
+    (-1: no launch recorded), and the configurations by number. Arrays, not lists of Python
+    ints: a multi-GB trace has millions of launches."""
+    out = np.full(extra.size, -1, dtype=np.int64)
+    at = np.flatnonzero(extra >= 0)
+    if at.size == 0:
+        return out, []
+    x = extra[at]
+    dims = _Numbers()
+    grid = np.fromiter(map(dims.__getitem__, map(lt.grid.__getitem__, x)), np.int64, x.size)
+    block = np.fromiter(map(dims.__getitem__, map(lt.block.__getitem__, x)), np.int64, x.size)
+    numbered = _numbered((grid, block, lt.registers_per_thread[x], lt.shared_memory_bytes[x]))
+    out[at] = numbered.number
+    first = numbered.first
+    configs = [
+        (lt.grid[r], lt.block[r], int(lt.registers_per_thread[r]), int(lt.shared_memory_bytes[r]))
+        for r in x[first].tolist()
+    ]
+    return out, configs
+
+
 def tensor_core_use(
     events: Events, cols: KernelColumns, op_of_row: I64, op_names: Sequence[str | None]
 ) -> TensorCoreUse:
@@ -433,25 +542,20 @@ def tensor_core_use(
     if linked_us <= 0:
         return TensorCoreUse(share, tc_us, compute_us, None, (), linked_share, unknown_us)
     idx = np.flatnonzero(linked)
-    # Per operator call: its kernels' time, and whether any of them used tensor cores.
-    per_call: dict[int, list[Any]] = {}
-    for i in idx.tolist():
-        op_row = int(op_of_row[i])
-        name = op_names[i] or "?"
-        if not is_tensor_core_eligible_op(name):
-            continue
-        entry = per_call.setdefault(op_row, [name, 0.0, 0.0, {}, 0.0])
-        d = float(dur[i])
-        entry[1] += d
-        if cols.tensor_cores[i]:
-            entry[2] += d
-        elif cols.tensor_cores_unknown is not None and cols.tensor_cores_unknown[i]:
-            entry[4] += d
-        kname = events.names[events.name[cols.rows[i]]]
-        entry[3][kname] = entry[3].get(kname, 0.0) + d
+    # Only calls of operators that could use tensor cores (decided once per operator call).
+    _, first, code = np.unique(op_of_row[idx], return_index=True, return_inverse=True)
+    eligible = np.array(
+        [is_tensor_core_eligible_op(op_names[i] or "?") for i in idx[first].tolist()], dtype=bool
+    )
+    idx = idx[eligible[code.reshape(-1)]]
+    calls = _per_call(events, cols, op_of_row, op_names, idx, dur)
     by_name: dict[str, list[Any]] = {}
     without = 0.0
-    for name, kernel_us, tc, kernels, unknown in per_call.values():
+    at = 0  # the next (call, kernel) pair
+    n_pairs = len(calls.pair_call)
+    for c, (name, kernel_us, tc, unknown) in enumerate(
+        zip(calls.names, calls.kernel_us, calls.tc_us, calls.unknown_us, strict=True)
+    ):
         agg = by_name.setdefault(name, [0, 0.0, 0.0, {}, 0.0])
         agg[0] += 1
         agg[1] += kernel_us
@@ -463,8 +567,11 @@ def tensor_core_use(
             agg[4] += kernel_us
         elif tc <= 0:
             without += kernel_us
-        for k, v in kernels.items():
-            agg[3][k] = agg[3].get(k, 0.0) + v
+        kernels = agg[3]
+        while at < n_pairs and calls.pair_call[at] == c:
+            k = calls.pair_kernel[at]
+            kernels[k] = kernels.get(k, 0.0) + calls.pair_us[at]
+            at += 1
     ops = tuple(
         sorted(
             (

@@ -16,6 +16,9 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
+# Ids and row numbers as the loader keeps them: int32 while every value of the column fits,
+# else int64.
+Ids = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Bool = npt.NDArray[np.bool_]
 
 
@@ -144,6 +147,9 @@ class LaunchTable:
     kineto_achieved_occupancy: F64  # Kineto's "est. achieved occupancy %" / 100, NaN if absent
     grid: tuple[tuple[int, int, int] | None, ...]
     block: tuple[tuple[int, int, int] | None, ...]
+    # Every launch field the loader keeps, by name (``schema.LAUNCH_FIELDS``): the typed
+    # columns above and any added there.
+    columns: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -186,11 +192,11 @@ class Events:
     thread: I32
     ts: F64
     dur: F64
-    correlation: I64
-    external_id: I64
-    stream: I64
-    device: I64
-    extra: I64
+    correlation: Ids
+    external_id: Ids
+    stream: Ids
+    device: Ids
+    extra: Ids
     names: tuple[str, ...]
     threads: tuple[tuple[str, str], ...]
     launches: LaunchTable
@@ -201,9 +207,22 @@ class Events:
     inputs: Mapping[int, OpInputs] = field(default_factory=dict)
     # event row -> the collective a communication kernel belongs to (newer traces only)
     comm_args: Mapping[int, CommArgs] = field(default_factory=dict)
+    # Every per-row args field the loader keeps, by name (``schema.ROW_FIELDS``): the typed
+    # columns above (correlation, external_id, stream, device) and any added there.
+    columns: Mapping[str, npt.NDArray[Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
+
+    @classmethod
+    def empty(cls) -> Events:
+        """No events (what a trace's header keeps once its rank has been analysed)."""
+        i64: I64 = np.zeros(0, np.int64)
+        f64: F64 = np.zeros(0, np.float64)
+        i32: I32 = np.zeros(0, np.int32)
+        launches = LaunchTable(i64, i64, i64, i64, i64, f64, (), ())
+        kind: I8 = np.zeros(0, np.int8)
+        return cls(kind, i32, i32, f64, f64, i64, i64, i64, i64, i64, (), (), launches, {})
 
     @property
     def end(self) -> F64:

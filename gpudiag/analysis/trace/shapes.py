@@ -18,7 +18,7 @@ import numpy as np
 from gpudiag.analysis.costed_ops import dtype_of, is_matmul
 from gpudiag.analysis.costed_ops import is_costed as costed_name
 from gpudiag.analysis.trace.intervals import merge
-from gpudiag.analysis.trace.model import I64, Bool, Events, Kind, OpInputs, fields_json
+from gpudiag.analysis.trace.model import I64, Bool, Events, Ids, Kind, OpInputs, fields_json
 from gpudiag.analysis.trace.nesting import Nesting
 from gpudiag.analysis.trace.window import Step, step_of
 
@@ -201,7 +201,7 @@ def gemm_shapes(ops: Iterable[ShapedOp]) -> tuple[GemmShape, ...]:
 class _Outermost:
     """The outermost costed operator at or above an operator row (-1: none), memoised."""
 
-    def __init__(self, parent_op: I64, is_costed: Bool) -> None:
+    def __init__(self, parent_op: Ids, is_costed: Bool) -> None:
         self.parent = parent_op
         self.costed = is_costed
         self.memo: dict[int, int] = {}
@@ -286,13 +286,15 @@ def shaped_ops(
         tc = np.bincount(code, weights=np.where(on_tc[mine], dur[mine], 0.0), minlength=keys.size)
         gpu_us = dict(zip(keys.tolist(), total.tolist(), strict=True))
         tc_us = dict(zip(keys.tolist(), tc.tolist(), strict=True))
-    # The innermost costed operator of each nest: the last-starting costed row under it.
-    inner: dict[int, int] = {}
-    for r in rows.tolist():
-        nest = outer(r)
-        if nest != r and (nest not in inner or events.ts[r] >= events.ts[inner[nest]]):
-            inner[nest] = r
-    rows = np.array([r for r in rows.tolist() if outer(r) == r], dtype=np.int64)
+    # The innermost costed operator of each nest: the last-starting costed row under it (of
+    # rows starting together, the last in the file).
+    tops = np.array([outer(r) for r in rows.tolist()], dtype=np.int64)
+    under = np.flatnonzero(tops != rows)
+    by_start = under[np.lexsort((rows[under], events.ts[rows[under]], tops[under]))]
+    last = np.ones(by_start.size, dtype=bool)
+    last[:-1] = tops[by_start[1:]] != tops[by_start[:-1]]
+    inner = dict(zip(tops[by_start[last]].tolist(), rows[by_start[last]].tolist(), strict=True))
+    rows = rows[tops == rows]
     columns = zip(
         rows.tolist(),
         events.name[rows].tolist(),

@@ -205,16 +205,15 @@ def pageable_copy_calls(
     pageable_ids = {
         i for i, n in enumerate(events.names) if "Pageable" in n and n.startswith("Memcpy")
     }
-    out: dict[int, int] = {}
-    for g, r in zip(gpu_rows.tolist(), launch_rows.tolist(), strict=True):
-        if (
-            r >= 0
-            and events.kind[g] == Kind.MEMCPY
-            and int(events.name[g]) in pageable_ids
-            and int(events.name[r]) in copy_ids
-        ):
-            out[r] = g
-    return out
+    launched = launch_rows >= 0
+    g, r = gpu_rows[launched], launch_rows[launched]
+    blocking = (
+        (events.kind[g] == Kind.MEMCPY)
+        & np.isin(events.name[g], np.fromiter(pageable_ids, np.int64, len(pageable_ids)))
+        & np.isin(events.name[r], np.fromiter(copy_ids, np.int64, len(copy_ids)))
+    )
+    # In row order, a later memcpy of the same call wins (as a dict filled in that order).
+    return dict(zip(r[blocking].tolist(), g[blocking].tolist(), strict=True))
 
 
 def find_syncs(

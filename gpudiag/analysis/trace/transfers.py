@@ -65,6 +65,14 @@ def _peaks(devices: Sequence[DeviceProperties]) -> tuple[float | None, float | N
     return spec.memory_bandwidth_gbps, pcie, f"gpudiag.specs: {spec.name}"
 
 
+def _group_key(events: Events, code: int) -> tuple[str, str | None, str | None]:
+    """(direction, source, destination) of a memcpy / memset by its name and kind code."""
+    if code % 256 == Kind.MEMSET:
+        return ("Memset", None, None)
+    m = _MEMCPY.match(events.names[code // 256])
+    return (m.group(1), m.group(2), m.group(3)) if m else ("unknown", None, None)
+
+
 def transfers(
     events: Events, rows: I64, devices: Sequence[DeviceProperties]
 ) -> tuple[TransferStats, ...]:
@@ -73,21 +81,26 @@ def transfers(
     if sel.size == 0:
         return ()
     mem_peak, pcie_peak, source = _peaks(devices)
-    groups: dict[tuple[str, str | None, str | None], list[Any]] = {}
-    nbytes_col = events.launches.nbytes
-    for row in sel.tolist():
-        name = events.names[events.name[row]]
-        if events.kind[row] == Kind.MEMSET:
-            key: tuple[str, str | None, str | None] = ("Memset", None, None)
-        else:
-            m = _MEMCPY.match(name)
-            key = (m.group(1), m.group(2), m.group(3)) if m else ("unknown", None, None)
-        x = int(events.extra[row])
-        nbytes = int(nbytes_col[x]) if x >= 0 and nbytes_col[x] >= 0 else 0
-        g = groups.setdefault(key, [0, 0, 0.0])
-        g[0] += 1
-        g[1] += nbytes
-        g[2] += float(events.dur[row])
+    # One group per (direction, source, destination), in the order the rows first show it.
+    code = events.name[sel].astype(np.int64) * 256 + events.kind[sel]
+    uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    numbers: dict[tuple[str, str | None, str | None], int] = {}
+    group_of = np.empty(uniq.size, dtype=np.int64)
+    for i in np.argsort(first, kind="stable").tolist():
+        group_of[i] = numbers.setdefault(_group_key(events, int(uniq[i])), len(numbers))
+    group = group_of[inv.reshape(-1)]
+    x = events.extra[sel]
+    row_bytes = np.zeros(sel.size, dtype=np.int64)  # 0 where not recorded
+    has = x >= 0
+    row_bytes[has] = np.maximum(events.launches.nbytes[x[has]], 0)
+    counts = np.bincount(group, minlength=len(numbers))
+    total_bytes = np.zeros(len(numbers), dtype=np.int64)
+    np.add.at(total_bytes, group, row_bytes)
+    # Durations added in row order, as a running sum per group would.
+    group_us = np.bincount(group, weights=events.dur[sel], minlength=len(numbers))
+    groups = {
+        key: (int(counts[g]), int(total_bytes[g]), float(group_us[g])) for key, g in numbers.items()
+    }
     out = []
     for (direction, src, dst), (count, nbytes, total_us) in groups.items():
         achieved = nbytes / total_us / 1e3 if total_us > 0 and nbytes > 0 else None
