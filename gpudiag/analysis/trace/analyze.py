@@ -25,6 +25,7 @@ from gpudiag.analysis.trace.breakdown import (
 )
 from gpudiag.analysis.trace.collectives import MIN_MATCHED_CALLS, rank_collectives
 from gpudiag.analysis.trace.cpu_ops import cpu_ops
+from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.intervals import merge
 from gpudiag.analysis.trace.kernels import (
     KernelColumns,
@@ -33,7 +34,6 @@ from gpudiag.analysis.trace.kernels import (
     launch_columns,
     tensor_core_use,
 )
-from gpudiag.analysis.trace.host_activity import inside, spans, warmup_rows
 from gpudiag.analysis.trace.launches import launch_stats
 from gpudiag.analysis.trace.ledger import LedgerInput, build_ledger
 from gpudiag.analysis.trace.load import DEFAULT_MAX_BYTES, load_trace
