@@ -169,6 +169,11 @@ def _whatif(
     micro: int,
     **kwargs: Any,
 ) -> WhatIf:
+    """The estimate with ``fixes`` applied (each says what it changes: FixSpec.memory_args)
+    and ``kwargs`` (what is not a fix, such as another optimizer)."""
+    for fix in fixes:
+        kwargs.update(Fix.parse(fix).memory_args())
+    micro = int(kwargs.pop("batch_size", micro))
     try:
         est = estimate_memory(workload, batch_size=micro, scale_by_batch=False, **kwargs)
     except GpuDiagError as exc:
@@ -244,14 +249,10 @@ def fit(
                 f"micro-batch {micro} x {accumulation}",
                 (f"batch.size:micro_batch={micro},accumulation={accumulation}",),
                 budget,
-                micro,
+                global_batch,
             )
         )
-    whatifs.append(
-        _whatif(
-            workload, "bf16 autocast", ("precision.bf16",), budget, global_batch, precision="bf16"
-        )
-    )
+    whatifs.append(_whatif(workload, "bf16 autocast", ("precision.bf16",), budget, global_batch))
     whatifs.append(
         _whatif(
             workload,
@@ -259,7 +260,6 @@ def fit(
             ("activation.checkpointing",),
             budget,
             global_batch,
-            checkpointing=True,
         )
     )
     whatifs.append(
@@ -269,8 +269,6 @@ def fit(
             ("precision.bf16", "activation.checkpointing"),
             budget,
             global_batch,
-            precision="bf16",
-            checkpointing=True,
         )
     )
     for n in fsdp_degrees:
