@@ -104,7 +104,10 @@ class ArmResult:
     @property
     def not_applied_reason(self) -> str:
         """Why the arm's fixes did not take effect, with the change to make by hand."""
-        return "; ".join(_proof_text(p) for p in self.proofs if p.status is ProofStatus.NOT_APPLIED)
+        named = len(self.fixes) > 1  # a combination names the fix each reason is about
+        return "; ".join(
+            _proof_text(p, named) for p in self.proofs if p.status is ProofStatus.NOT_APPLIED
+        )
 
     @property
     def unverified_reason(self) -> str:
@@ -152,8 +155,8 @@ class ArmResult:
         )
 
 
-def _proof_text(proof: Proof) -> str:
-    text = f"{proof.fix}: {proof.reason}"
+def _proof_text(proof: Proof, named: bool) -> str:
+    text = f"{proof.fix}: {proof.reason}" if named else proof.reason
     return text + (f". By hand: {proof.manual}" if proof.manual else "")
 
 
@@ -202,7 +205,7 @@ class Comparison:
             if not measured:
                 reasons = [f"{label}: {why}" for label, why in self.skipped]
                 reasons += [
-                    f"{a.label}: {_verdict_cell(a)}" for a in self.arms if not a.is_baseline
+                    f"{a.label}: {_verdict_text(a)}" for a in self.arms if not a.is_baseline
                 ]
                 raise GpuDiagError(
                     "no fix was measured in this comparison "
@@ -317,7 +320,8 @@ class Comparison:
     def warnings(self) -> list[str]:
         out = []
         for a in (self.baseline, *self.arms):
-            out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
+            if a.verdict != NOT_APPLIED:  # never timed: its reason is said below the table
+                out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
             if a.drift is not None and a.drift.status in ("large", "non-finite"):
                 out.append(
                     f"{a.label}: numerical drift is {a.drift.status} ({a.drift}): "
@@ -338,12 +342,19 @@ class Comparison:
         return "; ".join(parts) or "no fix measured"
 
     def evidence_lines(self) -> list[str]:
-        """Per arm: what its fixes' proofs saw, and what an undecided arm would need."""
+        """Per arm, below the table: a verdict that needs words (not applied with the reason
+        and the change by hand, undecided with what it needs, unverified with why), then
+        what its fixes' proofs saw."""
         out = []
         for a in self.arms:
-            out += [str(p) if len(a.fixes) == 1 else f"{a.label}: {p}" for p in a.proofs]
-            if a.verdict == UNDECIDED and a.needs:
-                out.append(f"{a.label}: undecided: {a.needs}")
+            worded = a.verdict in (NOT_APPLIED, UNDECIDED) or not a.verified
+            if a.error is None and a.verdict and worded:
+                out.append(f"{a.label}: {_verdict_text(a)}")
+            out += [
+                f"{a.label}: proof: {p}" if len(a.fixes) > 1 else f"proof: {p}"
+                for p in a.proofs
+                if p.status is not ProofStatus.NOT_APPLIED
+            ]
         return out
 
     def __repr__(self) -> str:
@@ -364,7 +375,7 @@ class Comparison:
         )
         lines.append(f"  verdicts: {self.verdict_rule}")
         lines += [f"  skipped {label}: {why}" for label, why in self.skipped]
-        lines += [f"  proof {line}" for line in self.evidence_lines()]
+        lines += [f"  {line}" for line in self.evidence_lines()]
         lines += [f"  WARNING: {w}" for w in self.warnings()]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -392,7 +403,7 @@ class Comparison:
         extra = "".join(
             f"<div>skipped {esc(label)}: {esc(why)}</div>" for label, why in self.skipped
         )
-        extra += "".join(f"<div>proof {esc(line)}</div>" for line in self.evidence_lines())
+        extra += "".join(f"<div>{esc(line)}</div>" for line in self.evidence_lines())
         extra += "".join(
             f"<div style='color:#b45309'>WARNING: {esc(w)}</div>" for w in self.warnings()
         )
@@ -953,7 +964,17 @@ def _timing_phase(
 
 
 def _verdict_cell(arm: ArmResult) -> str:
-    """An arm's verdict with what stands beside it: why a fix was not applied, what an
+    """An arm's verdict as the table shows it: the verdict, marked when unverified (the
+    words, why not applied, what an undecided arm needs, are below the table); or its error."""
+    if arm.error:
+        return f"error: {arm.error}"
+    if arm.verdict and arm.verdict not in (NOT_APPLIED, UNDECIDED) and not arm.verified:
+        return f"{arm.verdict} (unverified)"
+    return arm.verdict or ""
+
+
+def _verdict_text(arm: ArmResult) -> str:
+    """An arm's verdict in words: why a fix was not applied (and the change by hand), what an
     undecided arm needs, "unverified" where no proof could tell; or its error."""
     if arm.error:
         return f"error: {arm.error}"

@@ -159,8 +159,11 @@ class CheckpointedForward:
         if kwargs:
             # bound here: checkpoint reads preserve_rng_state, debug, early_stop, ... by name
             forward = functools.partial(forward, **kwargs)
-        self.checkpointed += 1
-        forward = functools.partial(_counted, self, forward)
+        if not torch.compiler.is_compiling():
+            # Counted in eager mode only: traced, the counter would change the compiled graph
+            # (a compiled arm's proof is "unverified" anyway).
+            self.checkpointed += 1
+            forward = functools.partial(_counted, self, forward)
         extra: dict[str, Any] = {}
         if self.stat_layers and not torch.compiler.is_compiling():
             # compiled graphs apply buffer updates once, in the forward graph; dynamo cannot

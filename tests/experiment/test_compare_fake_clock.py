@@ -98,7 +98,7 @@ def test_a_fix_that_cannot_reach_the_step_is_not_applied_and_not_timed(
     assert arm.step_time.n == 0
     assert arm.stop_reason == "the fix did not take effect: not timed"
     assert "no attention ran in the step" in arm.not_applied_reason
-    assert "not applied: attention.backend=math: no attention ran in the step" in repr(c)
+    assert "attention.backend=math: not applied: no attention ran in the step" in repr(c)
     assert c.rounds == 0
     assert c.kept() == []
     from gpudiag.errors import GpuDiagError
@@ -141,7 +141,7 @@ def test_time_budget_stops_an_undecidable_comparison_undecided(
     assert c.verdict(control) == "undecided"
     assert arm.needs.startswith("the 95% interval ")
     assert "more round(s)" in arm.needs
-    assert "undecided: the 95% interval" in repr(c)
+    assert f"{control}: undecided: the 95% interval" in repr(c)
 
 
 def test_a_short_budget_never_gives_a_verdict_from_two_rounds(
@@ -293,6 +293,6 @@ def test_one_round_is_undecided_and_says_what_it_needs(fake_clock: Any, bf16_cpu
     assert c.rounds == 1
     (arm,) = [a for a in c.arms if not a.is_baseline]
     assert (arm.verdict, arm.error) == ("undecided", None)
-    assert "undecided: 1 round(s); a verdict at 95% needs at least 9" in repr(c)
+    assert "precision.bf16: undecided: 1 round(s); a verdict at 95% needs at least 9" in repr(c)
     assert "error: None" not in repr(c) + c._repr_html_()
     assert c.summary() == "precision.bf16: undecided, 2.00x (no 95% interval from 1 round(s))"
