@@ -571,7 +571,7 @@ def compare(
         arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
         try:
             for arm in arms:
-                arm.open()
+                arm.open(refusal_is_not_applied=True)
             reference = snapshot.named_values(workload.model) if workload.model is not None else {}
             # Before the rounds: drift check, peak memory, warm-up (a minute on a slow step).
             report(on_progress, "compare: preparing", 0, 3, "drift check")
@@ -787,7 +787,7 @@ def _drift_phase(
         seed_everything(seed)
         arm.reset_batches()
         arm.new_optimizer()
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             traces[key] = arm.trace(steps, clock)
@@ -808,6 +808,8 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
+    if arm.label not in traces and arm.not_applied:
+        return not_measured("the fix did not take effect: the arm was not run")
     if arm.label not in traces or baseline.label not in traces:
         return not_measured(
             "no drift steps were run" if not traces else "the arm failed before the drift check"
@@ -829,7 +831,7 @@ def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
 def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
     out = {}
     for arm in arms:
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             with arm.active():
@@ -843,7 +845,7 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
     """At least one timed step per arm (allocator, autotuning, lazy init); a failing arm keeps
     its error, a failing baseline ends the comparison."""
     for arm in arms:
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             for _ in range(max(1, warmup_steps)):
@@ -863,7 +865,7 @@ def _proof_phase(arms: list[Arm]) -> None:
     except Exception as exc:  # the arms are still proven, without a baseline to compare to
         arms[0].notes.append(f"the baseline's step could not be observed: {_error_text(exc)}")
     for arm in arms[1:]:
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             arm.prove(baseline)

@@ -10,11 +10,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.drift import StepTrace
 from gpudiag.experiment.trial import GlobalState
 from gpudiag.fixes import Fix
-from gpudiag.fixes.base import ambient, transform
-from gpudiag.fixes.proof import Observation, Proof, ProofStatus
+from gpudiag.fixes.base import ambient, ordered, transform
+from gpudiag.fixes.proof import Observation, Proof, ProofStatus, not_applied
 from gpudiag.probe import cuda
 from gpudiag.profiling.census import compiled_regions, dynamo_counts, op_census
 from gpudiag.step import Step, Workload, grad_norm, loss_value
@@ -82,7 +83,17 @@ class Arm:
         return tuple(p for p in self.proofs if p.status is ProofStatus.NOT_APPLIED)
 
     # -- lifetime -----------------------------------------------------------------------
-    def open(self) -> None:
+    @property
+    def runs(self) -> bool:
+        """The arm is still run: no error, and no fix of it found not to take effect."""
+        return self.error is None and not self.not_applied
+
+    def open(self, *, refusal_is_not_applied: bool = False) -> None:
+        """Build the arm's Step and apply its structural fixes (on a shared model, around
+        each call instead). With ``refusal_is_not_applied``, a fix that refuses the model
+        (UnsupportedFixError: no repeated blocks to checkpoint, nothing to compile, ...) makes
+        the arm "not applied" with that reason instead of raising; a shared arm is tried
+        once, and undone, to know it before any step runs."""
         self.target = Step.of(
             self.workload,
             self.base_model,
@@ -91,10 +102,27 @@ class Arm:
             per_sample=self.shared,
         )
         if not self.shared:
-            transform(self.target, self.fixes, self._stack)
-            self._collect_notes()
+            self._transform(self._stack, refusal_is_not_applied)
+        elif refusal_is_not_applied:
+            with ExitStack() as dry_run:
+                self._transform(dry_run, True)
         self.samples_per_step = self.target.samples_per_step()
         self.reset_batches()
+
+    def _transform(self, stack: ExitStack, refusal_is_not_applied: bool) -> None:
+        if not refusal_is_not_applied:
+            transform(self.target, self.fixes, stack)
+            self._collect_notes()
+            return
+        refused = []
+        for fix in ordered(self.fixes):
+            try:
+                transform(self.target, (fix,), stack)
+            except UnsupportedFixError as exc:
+                refused.append(not_applied(fix.label, str(exc)))
+        self._collect_notes()
+        if refused:
+            self.proofs = tuple(refused)
 
     def reset_batches(self) -> None:
         """Start the batches again (a dataloader re-shuffles from the current RNG state)."""

@@ -50,6 +50,13 @@ FUSED_KERNELS = {
     "sdpa": ("flash", "efficient", "cudnn", "fused", "flash_attn"),
 }
 HAND_WRITTEN = "softmax(q @ k.transpose(-2, -1) * scale) @ v"
+# torch.nn.MultiheadAttention computes softmax between matmuls while it returns the attention
+# weights (need_weights=True, its default) or while dropout / masks rule the fused path out.
+BY_HAND_MHA = (
+    "call torch.nn.MultiheadAttention with need_weights=False (it then calls "
+    "scaled_dot_product_attention), or replace it with torch.nn.functional."
+    "scaled_dot_product_attention(q, k, v, ...) in the model's code"
+)
 # The change to make by hand when attention is written out (no switch reaches it).
 BY_HAND = (
     f"replace {HAND_WRITTEN} in the model's attention with "
@@ -83,6 +90,13 @@ def cpu_sdpa_backend_works(backend: str) -> tuple[bool, str]:
     except (RuntimeError, AttributeError) as exc:
         return False, str(exc).splitlines()[0]
     return True, ""
+
+
+def _has_multihead_attention(model: Any) -> bool:
+    import torch
+
+    modules = model.modules() if hasattr(model, "modules") else ()
+    return any(isinstance(m, torch.nn.MultiheadAttention) for m in modules)
 
 
 def attention_configs(model: Any) -> list[Any]:
@@ -322,17 +336,24 @@ class AttentionBackend(FixSpec):
                 evidence=evidence,
             )
         if ops.softmax_attention:
+            model = arm.step.base_model
+            mha = _has_multihead_attention(model)
             switch = (
                 "its attention-implementation switch did not lead to scaled_dot_product_attention"
-                if attention_configs(arm.step.base_model)
+                if attention_configs(model)
                 else "it has no attention-implementation switch (config._attn_implementation)"
+            )
+            what = (
+                "torch.nn.MultiheadAttention computes it as"
+                if mha
+                else "the model computes attention by hand"
             )
             return not_applied(
                 self.id,
-                f"the model computes attention by hand (softmax between matmuls, "
-                f"{ops.softmax_attention} per step): attention.backend reaches only "
-                f"scaled_dot_product_attention calls and a Hugging Face-style switch, and {switch}",
-                manual=BY_HAND,
+                f"{what} (softmax between matmuls, {ops.softmax_attention} per step): "
+                "attention.backend reaches only scaled_dot_product_attention calls and a "
+                f"Hugging Face-style switch, and {switch}",
+                manual=BY_HAND_MHA if mha else BY_HAND,
                 evidence=evidence,
             )
         return not_applied(self.id, "no attention ran in the step", evidence=evidence)

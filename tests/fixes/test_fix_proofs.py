@@ -412,3 +412,36 @@ def test_every_live_fix_declares_its_proof() -> None:
         if spec.kind in (FixKind.ADVICE,):
             continue
         assert type(spec).proof is not FixSpec.proof, f"{fix_id} declares no proof of effect"
+
+
+def test_attention_backend_on_multihead_attention_weights_names_need_weights() -> None:
+    class Mha(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x, x, x)[0]  # need_weights=True, the default
+
+    proof = one(prove(workload(Mha()), "attention.backend=sdpa"))
+    assert proof.not_applied
+    assert proof.reason.startswith(
+        "torch.nn.MultiheadAttention computes it as (softmax between matmuls, 1 per step)"
+    )
+    assert proof.manual.startswith("call torch.nn.MultiheadAttention with need_weights=False")
+
+
+def test_a_fix_that_refuses_the_model_is_not_applied_not_an_error(bf16_cpu: Any) -> None:
+    # No repeated blocks to checkpoint: the arm is "not applied" with the fix's own reason,
+    # the other arms run (the comparison used to fail as a whole).
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    c = gd.compare(
+        workload(model), ["activation.checkpointing", "precision.bf16"], system=bf16_cpu, **QUICK
+    )
+    arm = c.arm("activation.checkpointing")
+    assert (arm.verdict, arm.error, arm.step_time.n) == ("not applied", None, 0)
+    assert arm.not_applied_reason.startswith(
+        "activation.checkpointing found no repeated blocks in Sequential"
+    )
+    assert str(arm.drift) == "not measured (the fix did not take effect: the arm was not run)"
+    assert c.arm("precision.bf16").step_time.n > 0
