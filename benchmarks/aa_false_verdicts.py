@@ -13,7 +13,7 @@ stated confidence (95 %) promises at most 5 % of them. Two parts:
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/aa_false_verdicts.py --runs 100 --sim-runs 2000
+    .venv/bin/python benchmarks/aa_false_verdicts.py --runs 30 --budget 5 --sim-runs 500
 
 Each row gives the verdict counts, the false-verdict rate with its 95 % Wilson interval, and
 whether the rate stays under the stated 5 %.
@@ -209,9 +209,9 @@ def simulated(runs: int, max_rounds: int, seed: int) -> list[tuple[str, Counter[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=100, help="real A/A comparisons")
-    parser.add_argument("--budget", type=float, default=20.0, help="time budget of each (s)")
-    parser.add_argument("--sim-runs", type=int, default=2000, help="simulated comparisons")
+    parser.add_argument("--runs", type=int, default=30, help="real A/A comparisons")
+    parser.add_argument("--budget", type=float, default=5.0, help="time budget of each (s)")
+    parser.add_argument("--sim-runs", type=int, default=500, help="simulated comparisons")
     parser.add_argument("--max-rounds", type=int, default=100, help="rounds at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-real", action="store_true", help="only the simulation")

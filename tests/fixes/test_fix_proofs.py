@@ -173,7 +173,10 @@ def test_bf16_proof_counts_the_arms_gemms_in_bfloat16() -> None:
     assert proof.evidence == "11 of 11 matrix products in bfloat16 (baseline: 11 float32)"
 
 
-def test_bf16_is_not_applied_where_autocast_cannot_reach_the_matmuls() -> None:
+@pytest.mark.parametrize(
+    ("fix", "dtype"), [("precision.bf16", "bfloat16"), ("precision.fp16", "float16")]
+)
+def test_autocast_is_not_applied_where_it_cannot_reach_the_matmuls(fix: str, dtype: str) -> None:
     class OutsideAutocast(nn.Module):  # the model turns autocast off around its own math
         def __init__(self) -> None:
             super().__init__()
@@ -183,13 +186,13 @@ def test_bf16_is_not_applied_where_autocast_cannot_reach_the_matmuls() -> None:
             with torch.autocast("cpu", enabled=False):
                 return self.fc(x.float())
 
-    proof = one(prove(workload(OutsideAutocast()), "precision.bf16"))
+    proof = one(prove(workload(OutsideAutocast()), fix))
     assert proof.not_applied
     assert proof.reason == (
-        "none of the step's 2 matrix products ran in bfloat16 (2 float32): autocast did not "
+        f"none of the step's 2 matrix products ran in {dtype} (2 float32): autocast did not "
         "reach them"
     )
-    assert "torch.autocast(device_type, dtype=torch.bfloat16)" in proof.manual
+    assert f"torch.autocast(device_type, dtype=torch.{dtype})" in proof.manual
 
 
 def test_bf16_on_a_model_already_in_bf16_changes_nothing() -> None:
