@@ -190,6 +190,17 @@ def launch(
         return data
 
 
+def _plan(rounds: int, confidence: float, tolerance: float) -> VerdictPlan:
+    """One look after the fixed rounds, with the verdict rules of gd.compare."""
+    return VerdictPlan(
+        min_rounds=2,
+        max_rounds=max(2, rounds),
+        confidence=confidence,
+        tolerance=tolerance,
+        adaptive=False,
+    )
+
+
 def _arm_result(
     label: str,
     fixes: tuple[Fix, ...],
@@ -223,15 +234,7 @@ def _arm_result(
         verdict_text = NOT_APPLIED
     elif baseline is not None and samples and not errors:
         base_samples = baseline.get("slowest_step_s") or []
-        # One look after the fixed rounds, with the verdict rules of gd.compare.
-        plan = VerdictPlan(
-            min_rounds=2,
-            max_rounds=max(2, len(samples)),
-            confidence=confidence,
-            tolerance=tolerance,
-            adaptive=False,
-        )
-        look = judge(base_samples, samples, plan, final=True)
+        look = judge(base_samples, samples, _plan(len(samples), confidence, tolerance), final=True)
         est, verdict_text = look.estimate, look.verdict
         drift = compare_traces(
             StepTrace(tuple(baseline.get("losses") or ())),
@@ -374,6 +377,7 @@ def compare_distributed(
         notes=tuple(notes),
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system={"nproc": nproc, "backend": backend},
+        verdict_rule=_plan(int(rounds), confidence, tolerance).describe(),
         nproc=nproc,
         backend=backend,
         ranks=tuple(ranks),

@@ -373,7 +373,8 @@ class Comparison:
             f"{self.elapsed_s:.1f} s in all; "
             f"{self.isolation}"
         )
-        lines.append(f"  verdicts: {self.verdict_rule}")
+        if self.verdict_rule:
+            lines.append(f"  verdicts: {self.verdict_rule}")
         lines += [f"  skipped {label}: {why}" for label, why in self.skipped]
         lines += [f"  {line}" for line in self.evidence_lines()]
         lines += [f"  WARNING: {w}" for w in self.warnings()]
