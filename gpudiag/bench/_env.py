@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._values import digits
 from gpudiag.bench.timing import Timer, host_timer
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
@@ -87,7 +88,7 @@ def resolve_device(device: str | int | None) -> Target:
         import torch
 
         # "cuda" means torch's current device (set_device / LOCAL_RANK), which a tensor reveals.
-        index = int(idx) if idx.isdigit() else int(torch.empty(0, device="cuda").device.index or 0)
+        index = int(idx) if digits(idx) else int(torch.empty(0, device="cuda").device.index or 0)
         return Target("cuda", index, cuda.device_properties(index).name)
     raise GpuDiagError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpudiag._values import arg_float
 from gpudiag.commands.devices import parse_devices
 from gpudiag.monitoring import Monitor, monitor
 
@@ -13,7 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options both front ends take; each adds its own (the terminal's redraws, the
     notebook's history)."""
     parser.add_argument(
-        "--interval", type=float, default=0.1, metavar="S", help="seconds between samples (0.1)"
+        "--interval",
+        type=arg_float(0, 3600, low_open=True),
+        default=0.1,
+        metavar="S",
+        help="seconds between samples (0.1)",
     )
     parser.add_argument(
         "--replay",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpudiag._values import arg_int
 from gpudiag.analysis.trace import analyze_trace
 
 
@@ -13,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="trace files (.json / .json.gz), one per rank"
     )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
-    parser.add_argument("--top", type=int, default=10, help="kernels and CPU operators to list")
+    parser.add_argument(
+        "--top", type=arg_int(0, 100_000), default=10, help="kernels and CPU operators to list"
+    )
     parser.add_argument(
         "--include-last-step",
         action="store_true",
