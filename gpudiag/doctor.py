@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, resolve
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
@@ -87,8 +88,18 @@ def diagnose(
 
     report = trace if trace is None or isinstance(trace, TraceReport) else analyze_trace(trace)
     trace_file = report is not trace
-    if report is None and wl is not None:
-        report = profile_workload(wl, steps=steps, on_progress=on_progress)
+    measured: BatchScaling | None = None if scaling is True else (scaling or None)
+    if wl is not None and (report is None or scaling is True):
+        # The user's step runs here: their objects, torch's switches, the working directory,
+        # sys.argv and the environment are put back afterwards, whatever the step did.
+        from gpudiag.experiment.step_limit import shared_limits
+        from gpudiag.experiment.trial import isolated
+
+        with user_code_failures("gd.diagnose"), shared_limits(wl), isolated(*wl.protected):
+            if report is None:
+                report = profile_workload(wl, steps=steps, on_progress=on_progress)
+            if scaling is True:
+                measured = measure_batch_scaling(wl, on_progress=on_progress)
     if code is None and wl is not None:
         code = workload_source(wl)
     # This process's torch switches and environment describe the job only when the job runs
@@ -98,10 +109,6 @@ def diagnose(
         from gpudiag.probe.runtime import runtime_state
 
         runtime = runtime_state()
-    if scaling is True:
-        measured = measure_batch_scaling(wl, on_progress=on_progress)
-    else:
-        measured = scaling or None
     evidence = EvidenceBundle(
         system=system,
         trace=report,
@@ -142,14 +149,17 @@ def measure_batch_scaling(
 
 
 def _step_function(workload: Any) -> Callable[[], Any]:
-    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy."""
-    if not workload.owns_step:
-        step_fn: Callable[[], Any] = workload.step_fn
-        return step_fn
+    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy,
+    within the workload's step limit (gpudiag.experiment.step_limit)."""
+    from gpudiag.experiment.step_limit import guarded, limit_for
     from gpudiag.step import Step, Workload
 
     if not isinstance(workload, Workload):
         raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
+    limit = limit_for(workload)
+    if not workload.owns_step:
+        step_fn: Callable[[], Any] = workload.step_fn
+        return guarded(step_fn, limit, f"the step {workload.name!r}")
     training = Step.of(workload, copy.deepcopy(workload.model))
     training.new_optimizer()
 
@@ -157,7 +167,7 @@ def _step_function(workload: Any) -> Callable[[], Any]:
         training.run()
 
     step.__name__ = f"diagnose_{workload.name}"
-    return step
+    return guarded(step, limit, f"the step of {workload.name!r}")
 
 
 def profile_workload(

@@ -30,16 +30,19 @@ from gpudiag.analysis.stats import (
     verdict,
 )
 from gpudiag.errors import GpuDiagError
+from gpudiag.experiment.busy import verdict_on
 from gpudiag.experiment.drift import Drift, StepTrace, compare_traces, not_measured
 from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
 from gpudiag.experiment.runner import Arm, load_values, seed_everything
+from gpudiag.experiment.step_limit import StepLimit
 from gpudiag.experiment.trial import isolated, tensor_bytes
 from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, FixKind, check_conflicts
 from gpudiag.fixes import _system as fix_system
-from gpudiag.probe import cuda
+from gpudiag.probe import contention, cuda
 
 if TYPE_CHECKING:
+    from gpudiag.probe.contention import MachineLoad
     from gpudiag.probe.system import SystemReport
 
 FixLike = Fix | str
@@ -137,6 +140,9 @@ class Comparison:
     notes: tuple[str, ...] = ()
     created_at: str = ""
     system: dict[str, Any] = field(default_factory=dict)
+    # How busy the machine was during the timed rounds (real timings only; None with an
+    # injected clock): a busy machine turns "no significant difference" into "undecided".
+    machine_load: MachineLoad | None = None
 
     # -- accessors ------------------------------------------------------------------------
     def _measured(self) -> list[ArmResult]:
@@ -180,7 +186,8 @@ class Comparison:
         return a.speedup
 
     def verdict(self, fix: Any = None) -> str:
-        """'faster', 'slower' or 'no significant difference' for ``fix`` vs the baseline."""
+        """'faster', 'slower', 'no significant difference' or 'undecided' (a busy machine)
+        for ``fix`` vs the baseline."""
         a = self.arm(fix)
         if a.verdict is None:
             raise GpuDiagError(f"{a.label} has no verdict: {a.error or 'it was not measured'}")
@@ -257,6 +264,11 @@ class Comparison:
 
     def warnings(self) -> list[str]:
         out = []
+        if self.machine_load is not None and self.machine_load.busy:
+            out.append(
+                "the machine was busy during the timed rounds: "
+                + "; ".join(self.machine_load.reasons())
+            )
         for a in (self.baseline, *self.arms):
             out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
             if a.drift is not None and a.drift.status in ("large", "non-finite"):
@@ -352,6 +364,9 @@ class Comparison:
                 "warnings": self.warnings(),
                 "created_at": self.created_at,
                 "system": self.system,
+                "machine_load": (
+                    None if self.machine_load is None else self.machine_load.to_dict()
+                ),
             }
         )
 
@@ -488,14 +503,18 @@ def compare(
             report(on_progress, "compare: preparing", 2, 3, "warm-up")
             _warmup_phase(arms, warmup_steps, clock)
             k = _steps_per_sample(arms, min_sample_s, steps_per_sample)
+            before = contention.snapshot()
             rounds, stops, measuring_s = _timing_phase(
                 arms, rule, adaptive, k, seed, on_progress, clock, wall
             )
+            # Real timings only: an injected clock's times do not depend on the machine.
+            load = contention.between(before, contention.snapshot()) if clock is None else None
         finally:
             for arm in arms:
                 arm.close()
 
     results = _verdict_phase(arms, traces, memory, stops, workload, confidence, tolerance, seed)
+    results = [_on_this_machine(r, load) for r in results]
     overall = _overall_stop(stops, adaptive, rounds, rule)
     if any(a.fixes and any(f.id == "compile" for f in a.fixes) for a in arms):
         notes.append(
@@ -522,6 +541,7 @@ def compare(
         notes=tuple(notes),
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system=system_facts,
+        machine_load=load,
     )
 
 
@@ -654,6 +674,7 @@ def _build_arms(
     notes: list[str],
 ) -> list[Arm]:
     arms = []
+    limit = StepLimit.of(workload)  # one for all arms: later steps are limited from the first
     for combo in [(), *arm_fixes]:
         label = "+".join(f.label for f in combo) or "baseline"
         model = workload.model
@@ -663,7 +684,7 @@ def _build_arms(
             except Exception as exc:  # some modules (open files, locks) cannot be copied
                 notes.append(f"deep copy failed ({exc}); arms share the user's model")
                 return _build_arms(workload, arm_fixes, True, device_type, system, notes)
-        arms.append(Arm(label, combo, workload, model, shared, device_type, system))
+        arms.append(Arm(label, combo, workload, model, shared, device_type, system, limit=limit))
     return arms
 
 
@@ -698,6 +719,8 @@ def _drift_phase(
             traces[key] = arm.trace(steps, clock)
         except Exception as exc:
             arm.error = _error_text(exc)
+        if arms[0].error is not None:
+            break  # no comparison without a baseline: the warm-up phase says why
     if shared:
         snapshot.restore()
     for arm in arms:
@@ -734,11 +757,11 @@ def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
 def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
     out = {}
     for arm in arms:
-        if arm.error is not None:
+        if arm.error is not None or arms[0].error is not None:
             continue
         try:
             with arm.active():
-                out[arm.label] = measure_peak_memory(arm.target.run, device_type=device_type)
+                out[arm.label] = measure_peak_memory(arm.step, device_type=device_type)
         except Exception as exc:
             arm.error = _error_text(exc)
     return out
@@ -748,7 +771,7 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
     """At least one timed step per arm (allocator, autotuning, lazy init); a failing arm keeps
     its error, a failing baseline ends the comparison."""
     for arm in arms:
-        if arm.error is not None:
+        if arm.error is not None or arms[0].error is not None:
             continue
         try:
             for _ in range(max(1, warmup_steps)):
@@ -890,6 +913,14 @@ def _verdict_phase(
             )
         )
     return results
+
+
+def _on_this_machine(result: ArmResult, load: MachineLoad | None) -> ArmResult:
+    """The verdict the machine's load allows (gpudiag.experiment.busy), with the reason."""
+    judged, why = verdict_on(load, result.verdict)
+    if not why:
+        return result
+    return dataclasses.replace(result, verdict=judged, notes=(*result.notes, why))
 
 
 def per_baseline_step(arm: Arm, baseline: Arm) -> list[float]:

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+from gpudiag._deadline import user_code_failures
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
 from gpudiag.experiment.memory_report import capped_peak, parse_budget
+from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
 from gpudiag.fixes import _system as fix_system
@@ -196,6 +198,17 @@ def fit(
     table of memory fixes. ``confirm`` runs one measured step at the answer (on a copy)."""
     if not isinstance(workload, Workload) or not workload.owns_step:
         raise WorkloadError("gd.fit needs a gd.Workload with model= and batch=")
+    with user_code_failures("gd.fit"), shared_limits(workload):
+        return _fit(workload, memory_budget, confirm, fsdp_degrees, system)
+
+
+def _fit(
+    workload: Workload,
+    memory_budget: Any,
+    confirm: bool,
+    fsdp_degrees: tuple[int, ...],
+    system: SystemReport | None,
+) -> FitResult:
     if workload.dataloader is not None and workload.batch is None:
         raise WorkloadError("gd.fit builds batches of other sizes: give the workload batch=")
     if memory_budget is None:

@@ -50,6 +50,7 @@ def cxx_compiler() -> str | None:
 @register
 class Compile(FixSpec):
     id = "compile"
+    slow_first_step = True
     kind = FixKind.STRUCTURAL
     summary = (
         "Compile the model with torch.compile (TorchDynamo + Inductor): fused kernels, "

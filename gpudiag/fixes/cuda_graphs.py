@@ -271,6 +271,7 @@ def _clone_param_grads(model: Any, stack: ExitStack) -> int:
 @register
 class CudaGraphs(FixSpec):
     id = "cuda.graphs"
+    slow_first_step = True
     kind = FixKind.STRUCTURAL
     summary = (
         "Capture the model's forward and backward as CUDA graphs "

@@ -402,6 +402,7 @@ class FP8(FixSpec):
     """
 
     id = "precision.fp8"
+    slow_first_step = True
     kind = FixKind.STRUCTURAL
     summary = (
         "Swap linear layers for Transformer Engine modules and run them under TE's FP8 autocast "

@@ -57,6 +57,9 @@ class FixSpec:
     trial_only: ClassVar[bool] = False
     trial_only_reason: ClassVar[str] = "changes the batches of gpudiag's trials only"
     order: ClassVar[int] = 50  # application order: compile (90) wraps, cuda.graphs (95) captures
+    # Its first step compiles or captures (minutes, not milliseconds): a trial gives that step
+    # the long first-step limit (gpudiag.experiment.step_limit) instead of 10x the baseline's.
+    slow_first_step: ClassVar[bool] = False
 
     # -- parameters -----------------------------------------------------------------------
     def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,20 +27,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _cell_report(cell: str, namespace: dict[str, Any], budget: Any) -> Any:
+def _cell_report(
+    cell: str, namespace: dict[str, Any], budget: Any, step_timeout_s: float | None = None
+) -> Any:
+    from gpudiag._deadline import user_code_failures
     from gpudiag.experiment.memory_report import MemoryReport, parse_budget
+    from gpudiag.experiment.step_limit import StepLimit
     from gpudiag.experiment.trial import isolated
-    from gpudiag.magics.compare import _bindings_restored, _names, _torch_objects
+    from gpudiag.magics.compare import _bindings_restored, _names, _torch_objects, compile_cell
     from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
     from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded
 
-    code = compile(cell, "<%%gpudiag memory cell>", "exec")
+    code = compile_cell(cell, "<%%gpudiag memory cell>")
     names = _names(code)
     modules, optimizers = _torch_objects(names, namespace)
     budget_bytes = parse_budget(budget)
+    limit = StepLimit(fixed_s=step_timeout_s)
 
     def step() -> None:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), limit.guard("the cell"):
             if budget_bytes is None:
                 exec(code, namespace)  # the user's own cell, in their own namespace
             else:
@@ -49,7 +54,11 @@ def _cell_report(cell: str, namespace: dict[str, Any], budget: Any) -> Any:
 
     oom = None
     timeline = MemoryTimeline((), (), source="not measured")
-    with _bindings_restored(names, namespace), isolated(*modules, *optimizers):
+    with (
+        user_code_failures("%%gpudiag memory"),
+        _bindings_restored(names, namespace),
+        isolated(*modules, *optimizers),
+    ):
         try:
             timeline = measure_step_timeline(step)
         except MemoryBudgetExceeded as exc:
@@ -66,7 +75,7 @@ def _cell_report(cell: str, namespace: dict[str, Any], budget: Any) -> Any:
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     if cell is not None and cell.strip():
-        report = _cell_report(cell, namespace, args.budget)
+        report = _cell_report(cell, namespace, args.budget, args.step_timeout)
         return report.to_dict() if args.json else report
     name = args.workload_var or args.workload
     workload = None

@@ -91,13 +91,18 @@ class DiagnosisView(widgets.VBox):
         outcome = self.outcomes.get(index)
         if outcome is None:
             return str(finding.html())
-        if not outcome.helped:
+        undecided = outcome.verdict == "undecided"  # e.g. measured on a busy machine
+        if not outcome.helped and not undecided:
             # Measured here and it did not help: the card stops recommending the fix.
             finding = dataclasses.replace(
                 finding, fix=None, instruction=f"keep it as it is: {finding.fix} did not help here"
             )
         colour = _OUTCOME_COLORS.get(outcome.verdict or "", _NEUTRAL)
-        mark = "tried, helped" if outcome.helped else "tried, did not help"
+        mark = (
+            "tried, helped"
+            if outcome.helped
+            else ("tried, undecided" if undecided else "tried, did not help")
+        )
         banner = (
             f"<div class='gpudiag-trial' style='border-left:3px solid {colour};padding-left:6px;"
             f"margin-top:2px'><b style='color:{colour}'>{esc(mark)}</b>: "

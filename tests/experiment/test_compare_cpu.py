@@ -61,7 +61,8 @@ def test_user_model_is_untouched_in_both_isolation_modes(copies: bool, bf16_cpu:
     c = compare(wl, ["precision.bf16"], system=bf16_cpu, copies=copies, **QUICK)
     assert _unchanged(before, wl.model)
     assert ("deep copy" in c.isolation) is copies
-    assert c.verdict() in ("faster", "slower", "no significant difference")
+    # "undecided" when the machine was busy during the rounds (gpudiag.experiment.busy)
+    assert c.verdict() in ("faster", "slower", "no significant difference", "undecided")
     assert c.baseline.memory is not None
     assert c.baseline.memory.peak_bytes
     assert c.baseline.memory.peak_bytes > 0
