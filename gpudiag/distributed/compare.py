@@ -174,15 +174,13 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="gpudiag-trial-") as tmp:
         plan_path, out_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
-        try:
-            torchrun(
-                [WORKER_MODULE, str(plan_path), str(out_path)],
-                nproc,
-                timeout_s=timeout_s,
-                cwd=cwd,
-            )
-        except DistributedError as exc:
-            raise DistributedError(str(exc).replace("-rank job", "-rank trial", 1)) from None
+        torchrun(
+            [WORKER_MODULE, str(plan_path), str(out_path)],
+            nproc,
+            timeout_s=timeout_s,
+            cwd=cwd,
+            what="trial",
+        )
         if not out_path.is_file():
             raise DistributedError(f"the {nproc}-rank trial wrote no result")
         data: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
