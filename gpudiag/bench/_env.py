@@ -67,6 +67,27 @@ class Target:
         return f"{self.torch_device} ({self.name})" if self.name else self.torch_device
 
 
+def too_big(target: Target, nbytes: int) -> str:
+    """Why buffers of ``nbytes`` cannot be allocated on ``target`` now ("" when they fit or
+    the free memory is unknown): asked-for sizes beyond the free memory are refused before
+    allocating, so a benchmark never pushes the machine into swap or the OOM killer."""
+    from gpudiag.probe import cuda
+    from gpudiag.probe.host import available_memory_bytes
+
+    if target.is_cuda:
+        info = cuda.mem_get_info(target.index)
+        free = None if info is None else info[0]
+    else:
+        free = available_memory_bytes()
+    if free is None or nbytes <= free:
+        return ""
+    where = "GPU" if target.is_cuda else "host"
+    return (
+        f"needs {nbytes / 2**30:,.1f} GiB of buffers, more than the {free / 2**30:,.1f} GiB of "
+        f"{where} memory free: not run"
+    )
+
+
 def resolve_device(device: str | int | None) -> Target:
     """``None`` picks the current CUDA device when there is one, else the CPU."""
     from gpudiag.probe import cuda

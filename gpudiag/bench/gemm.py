@@ -424,6 +424,10 @@ def _one_case(
     elem = 1 if dtype == "fp8" else (4 if dtype in {"fp32", "tf32"} else 2)
     per_copy = (m * k + k * n) * elem + m * n * (2 if dtype == "fp8" else elem)
     copies = copies_to_exceed_cache(per_copy, cache_bytes, max_total_bytes=budget)
+    # randn makes fp32 A and B first, then converts them: count those too.
+    refused = _env.too_big(target, copies * per_copy + (m * k + k * n) * 4)
+    if refused:
+        return MatmulRow(dtype, m, n, k, None, None, reason=refused)
     try:
         operands = [_operands(shape, dtype, target.torch_device, generator) for _ in range(copies)]
         op = _run_op(dtype, target.torch_device)

@@ -343,6 +343,10 @@ def _one_case(
         else 1
     )
     non_blocking = pin_src or pin_dst
+    # the device's side: both buffers of a copy, one of a host<->device transfer
+    refused = _env.too_big(target, (2 if kind == "copy" else 1) * nbytes * copies)
+    if refused:
+        return BandwidthRow(kind, nbytes, moved, None, None, reason=refused)
     try:
         pairs = [
             (

@@ -515,6 +515,10 @@ def _one_case(
     elem = torch.finfo(tdtype).bits // 8
     copies = copies_to_exceed_cache(3 * b * h * s * d * elem, cache_bytes, max_total_bytes=1 << 30)
     fwd_flops = attention_flops(b, h, s, d, causal=runner.causal)
+    # q, k, v per copy (made in fp32, then converted), the output and its gradient
+    refused = _env.too_big(target, (3 * copies + 2) * b * h * s * d * max(elem, 4))
+    if refused:
+        return AttentionRow(name, s, reason=refused, untested_on_gpu=untested)
     try:
         inputs = [_make_inputs(runner.layout, b, h, s, d, tdtype, dev) for _ in range(copies)]
         dout = torch.randn(inputs[0][0].shape, device=dev).to(tdtype)
