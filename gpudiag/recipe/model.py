@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gpudiag._files import read_bytes
 from gpudiag._report import card, esc, html_grid, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflicts
@@ -231,16 +232,8 @@ class Recipe(BaseModel):
         """Read a recipe (``.json``, else YAML with the safe loader); errors say what to fix."""
         p = Path(path)
         fmt = "JSON" if p.suffix.lower() == ".json" else "YAML"
-        try:
-            with p.open("rb") as fh:
-                raw = fh.read(MAX_BYTES + 1)
-        except OSError as exc:
-            raise RecipeError(f"cannot read recipe {p}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_BYTES:
-            raise RecipeError(
-                f"{p} is larger than {MAX_BYTES // 2**20} MiB: not a recipe (a recipe is a few "
-                "fixes and their evidence)"
-            )
+        # Bounded, folders and devices refused (a recipe is a few fixes and their evidence).
+        raw = read_bytes(p, "recipe", max_bytes=MAX_BYTES, error=RecipeError)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
