@@ -157,9 +157,8 @@ def _step_function(workload: Any) -> Callable[[], Any]:
     if not isinstance(workload, Workload):
         raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
     limit = limit_for(workload)
-    if not workload.owns_step:
-        step_fn: Callable[[], Any] = workload.step_fn
-        return guarded(step_fn, limit, f"the step {workload.name!r}")
+    if workload.step_fn is not None:
+        return guarded(workload.step_fn, limit, f"the step {workload.name!r}")
     training = Step.of(workload, copy.deepcopy(workload.model))
     training.new_optimizer()
 

@@ -115,7 +115,7 @@ def constructor_settings(cls: type, defaults: Mapping[str, Any]) -> dict[str, An
     import inspect
 
     try:
-        params = inspect.signature(cls.__init__).parameters.values()
+        params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):  # a constructor without a signature: trust the defaults
         return dict(defaults)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
