@@ -31,6 +31,8 @@ def _bytes(text: str) -> int:
     return int(value)
 
 
+# Options take ASCII whole numbers; their ranges are checked by gd.occupancy itself, which says
+# which limit of the GPU a value breaks.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -40,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu", metavar="NAME", help="a GPU name from the spec table, e.g. 'H100 PCIe'"
     )
     parser.add_argument(
-        "--threads", type=arg_int(1, 1 << 20), default=256, help="threads per block (default 256)"
+        "--threads", type=arg_int(high=1 << 31), default=256, help="threads per block (default 256)"
     )
     parser.add_argument(
-        "--regs", type=arg_int(1, 1 << 16), default=32, help="registers per thread (default 32)"
+        "--regs", type=arg_int(high=1 << 31), default=32, help="registers per thread (default 32)"
     )
     parser.add_argument(
         "--smem",
@@ -56,16 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     carve = parser.add_mutually_exclusive_group()
     carve.add_argument(
-        "--carveout-kib", type=arg_int(0, 1 << 20), default=None, help="L1/shared split in KiB"
+        "--carveout-kib", type=arg_int(high=1 << 31), default=None, help="L1/shared split in KiB"
     )
     carve.add_argument(
         "--carveout-percent",
-        type=arg_int(-1, 100),
+        type=arg_int(high=1 << 31),
         default=None,
         help="cudaFuncAttributePreferredSharedMemoryCarveout (0-100; -1 default)",
     )
     parser.add_argument(
-        "--barriers", type=arg_int(0, 1024), default=1, help="named barriers per block (default 1)"
+        "--barriers",
+        type=arg_int(high=1 << 31),
+        default=1,
+        help="named barriers per block (default 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
