@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._values import digits
+from gpudiag._values import digits, whole_number
 from gpudiag.bench.timing import Timer, host_timer
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
 
 if TYPE_CHECKING:
@@ -65,6 +66,16 @@ class Target:
     @property
     def label(self) -> str:
         return f"{self.torch_device} ({self.name})" if self.name else self.torch_device
+
+
+def whole_numbers(
+    values: Iterable[Any], field: str, low: int = 1, high: int = 1 << 50
+) -> list[int]:
+    """``values`` (sizes, lengths) as ints: ASCII digits or whole numbers within [low, high],
+    else an ArgumentError naming ``field``; a single number or text is refused as a list."""
+    if isinstance(values, (str, bytes, int, float)):
+        raise ArgumentError(f"{field} is a list of numbers, got {values!r}")
+    return [whole_number(v, field, low=low, high=high) for v in values]
 
 
 def too_big(target: Target, nbytes: int) -> str:

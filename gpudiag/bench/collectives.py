@@ -16,6 +16,7 @@ from typing import Any
 from gpudiag._rank_exit import ERRORS_DIR, first_failure, rank_failures
 from gpudiag._values import digits
 from gpudiag.analysis.nccl import CollectiveResult, normalize_op, rows_from_times
+from gpudiag.bench._env import whole_numbers
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.jobs import run_job
 
@@ -157,7 +158,7 @@ def run_collective(
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device_for_rank(backend)
     on_gpu = device.startswith("cuda")
-    size_list = [int(s) for s in (sizes or default_sizes(on_gpu))]
+    size_list = whole_numbers(sizes or default_sizes(on_gpu), "collective sizes")
     name = _check_args(op, dtype, size_list)
     torch_name, type_bytes, nccl_type = _TYPE[dtype]
     tdtype = getattr(torch, torch_name)
@@ -280,7 +281,7 @@ def allreduce(
 
     from gpudiag.probe import cuda
 
-    size_list = [int(s) for s in sizes] if sizes is not None else None
+    size_list = whole_numbers(sizes, "collective sizes") if sizes is not None else None
     name = _check_args(op, dtype, size_list or [1])
     if dist.is_available() and dist.is_initialized():
         return run_collective(name, size_list, dtype=dtype, repeats=repeats, iters=iters)

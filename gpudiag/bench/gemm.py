@@ -206,13 +206,16 @@ class MatmulResult:
 
 
 def _shapes(sizes: Iterable[int | Sequence[int]]) -> list[tuple[int, int, int]]:
+    if isinstance(sizes, (int, float, str)):
+        raise GpuDiagError(f"matmul sizes is a list (sizes=[2048] or [(M, N, K)]), got {sizes!r}")
     out: list[tuple[int, int, int]] = []
     for size in sizes:
         shape: tuple[int, ...]
-        if isinstance(size, int):
-            shape = (size, size, size)
+        if isinstance(size, (int, float, str)):
+            (n,) = _env.whole_numbers([size], "a matmul size", high=1 << 24)
+            shape = (n, n, n)
         else:
-            shape = tuple(int(s) for s in size)
+            shape = tuple(_env.whole_numbers(size, "a matmul dimension", high=1 << 24))
         if len(shape) != 3 or min(shape) < 1:
             raise GpuDiagError(f"Matmul size {size!r}: give an int N (N x N x N) or (M, N, K).")
         out.append((shape[0], shape[1], shape[2]))

@@ -259,10 +259,11 @@ def bandwidth(
     for kind in chosen:
         if kind not in KINDS:
             raise GpuDiagError(f"Unknown bandwidth kind {kind!r}: use one of {', '.join(KINDS)}.")
-    size_list = [
-        int(s)
-        for s in (sizes if sizes is not None else (_GPU_SIZES if target.is_cuda else _CPU_SIZES))
-    ]
+    size_list = _env.whole_numbers(
+        sizes if sizes is not None else (_GPU_SIZES if target.is_cuda else _CPU_SIZES),
+        "bandwidth sizes",
+        low=0,
+    )
     if not size_list or min(size_list) < 4:
         raise GpuDiagError("Bandwidth sizes are bytes per buffer, at least 4.")
     repeats = repeats if repeats is not None else (30 if target.is_cuda else 10)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag._report import html_grid, jsonable
+from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.stats import Measurement, speedup_ci, verdict
 from gpudiag.distributed.launch import torchrun
 from gpudiag.distributed.trial import CPU_MEMORY, DdpOptions
@@ -266,11 +267,13 @@ def compare_distributed(
     started = time.perf_counter()
     if not isinstance(nproc, int) or nproc < 1:
         raise DistributedError(f"nproc must be a whole number of ranks, 1 or more; got {nproc!r}")
-    for name, value in (("rounds", rounds), ("steps_per_round", steps_per_round)):
-        if int(value) < 1:
-            raise DistributedError(f"{name} must be at least 1, got {value}")
-    if int(accumulation) < 1:
-        raise DistributedError(f"accumulation must be at least 1, got {accumulation}")
+    for name, value in (
+        ("rounds", rounds), ("steps_per_round", steps_per_round), ("accumulation", accumulation),
+        ("memory_steps", memory_steps),
+    ):  # fmt: skip
+        whole_number(value, name, low=0 if name == "memory_steps" else 1, high=10_000,
+                     error=DistributedError)  # fmt: skip
+    finite_number(timeout_s, "timeout_s", low=0, low_open=True, error=DistributedError)
     on_gpu = cuda.available()
     if on_gpu and nproc > cuda.device_count():
         raise DistributedError(

@@ -30,6 +30,7 @@ from gpudiag.analysis.stats import (
     verdict,
 )
 from gpudiag.errors import GpuDiagError
+from gpudiag.experiment.arguments import check_compare
 from gpudiag.experiment.busy import verdict_on
 from gpudiag.experiment.drift import Drift, StepTrace, compare_traces, not_measured
 from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
@@ -457,6 +458,7 @@ def compare(
     ``fsdp.wrap``; the keyword arguments of gpudiag.experiment.distributed.compare_distributed,
     e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
+    check_compare(locals())  # the protocol's numbers, before anything runs
     if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
         return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
     if distributed:

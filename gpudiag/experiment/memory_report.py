@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
-from gpudiag._values import finite_number
+from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_bytes
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.step_limit import shared_limits
@@ -95,7 +95,9 @@ def _warm_copy(
         wl = copy.copy(workload)
         wl.model, wl.protected = model, (model,)
         if batch_size is not None:
-            wl.batch_size = int(batch_size)
+            wl.batch_size = whole_number(
+                batch_size, "batch_size", low=1, high=1 << 30, error=WorkloadError
+            )
         arm = Arm("memory", fixes, wl, model, False, workload.device_type)
         arm.open()
         try:
