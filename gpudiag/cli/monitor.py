@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--refresh",
-        type=arg_float(0, 3600, low_open=True),
+        type=arg_float(),
         default=1.0,
         metavar="S",
         help="seconds between table redraws",

@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ranks.add_argument(
         "--threshold",
-        type=arg_float(0, 10, low_open=True),
+        type=arg_float(),
         default=None,
         help=f"a rank this much slower than the others is a straggler (default {THRESHOLD})",
     )

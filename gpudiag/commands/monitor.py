@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     notebook's history)."""
     parser.add_argument(
         "--interval",
-        type=arg_float(0, 3600, low_open=True),
+        type=arg_float(),
         default=0.1,
         metavar="S",
         help="seconds between samples (0.1)",

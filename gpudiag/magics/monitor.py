@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_shared_arguments(parser)
     parser.add_argument(
         "--history",
-        type=arg_float(0, 10 * 86_400, low_open=True),
+        type=arg_float(),
         default=600.0,
         metavar="S",
         help="seconds kept in memory (600)",
