@@ -1006,6 +1006,33 @@ def print_table(rows: list[list[str]]) -> None:
         )
 
 
+def print_before_after(before_path: Path, after_path: Path) -> int:
+    """One table per run, and the cases whose outcome changed."""
+    runs = [json.loads(p.read_text()) for p in (before_path, after_path)]
+    for title, run in zip(("before", "after"), runs, strict=True):
+        outcomes = [
+            Outcome(
+                Case(r["surface"], r["case"]),
+                r["verdict"],
+                r["orphans"],
+                r["state_lost"],
+                r["seconds"],
+                r["detail"],
+            )
+            for r in run
+        ]
+        print(f"== {title} ({len(outcomes)} cases)")
+        print_table(table(outcomes))
+        print()
+    before = {(r["surface"], r["case"]): r for r in runs[0]}
+    still = [r for r in runs[1] if r["verdict"] != "clean" or r["orphans"] or r["state_lost"]]
+    print(f"not clean after: {len(still)}")
+    for r in still:
+        was = before.get((r["surface"], r["case"]), {}).get("verdict", "?")
+        print(f"  [{r['surface']}] {r['case']}: {was} -> {r['verdict']}: {r['detail'][:150]}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, default=None, help="a checkout to run instead")
@@ -1013,7 +1040,16 @@ def main() -> int:
     parser.add_argument("--match", default="", help="only cases whose name holds this text")
     parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument(
+        "--tables",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE.json", "AFTER.json"),
+        help="print the before/after tables of two saved runs (--json) and exit",
+    )
     args = parser.parse_args()
+    if args.tables:
+        return print_before_after(*args.tables)
     chosen = [
         c
         for c in cases()
