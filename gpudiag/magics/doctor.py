@@ -16,7 +16,7 @@ from typing import Any
 
 from gpudiag._values import arg_float, arg_int
 from gpudiag.commands.compare import add_step_timeout, with_step_timeout
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import GpuDiagError, StepFailedError
 
 DEMO = "mlp"
 CELL_FILENAME = "<%%gpudiag doctor cell>"  # what tracebacks from the user's cell say
@@ -121,12 +121,14 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
                 )
         except Exception as exc:
             bar.close(complete=False)
-            if not _raised_in_cell(exc):
+            # gd.diagnose reports the user's own exception as StepFailedError: its cause.
+            cause = exc.__cause__ if isinstance(exc, StepFailedError) else exc
+            if not isinstance(cause, BaseException) or not _raised_in_cell(cause):
                 raise
             raise GpuDiagError(
-                f"the cell failed when run as a training step: {type(exc).__name__}: {exc} "
+                f"the cell failed when run as a training step: {type(cause).__name__}: {cause} "
                 "(run it as a plain cell first to see the traceback)"
-            ) from exc
+            ) from cause
     else:
         workload, note = _workload(args.workload, shell)
         if not isinstance(workload, str):
