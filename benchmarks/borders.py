@@ -850,6 +850,9 @@ def _kill(procs: list[psutil.Process]) -> None:
 
 def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that: Python
+    # then never raises KeyboardInterrupt. The case gets Ctrl-C as a notebook kernel would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_case(case: Case, folder: Path, target: Path | None, python: str) -> Outcome:
