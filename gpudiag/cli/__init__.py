@@ -1,4 +1,5 @@
-"""The ``gpudiag`` terminal command: one module per subcommand, loaded only when used."""
+"""The ``gpudiag`` terminal command: the rows of ``gpudiag.commands.TABLE``, each module loaded
+only when used."""
 
 from __future__ import annotations
 
@@ -9,46 +10,23 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from gpudiag._rank_exit import record_failure
-from gpudiag.commands import aliases_of, canonical
+from gpudiag.commands import Command, terminal_commands
 from gpudiag.errors import GpuDiagError
 
-# name -> module under gpudiag.cli; each module has a one-line docstring (the help text),
-# ``add_arguments(parser)`` and ``run(args) -> int``. Adding a subcommand is adding a module.
-COMMANDS: tuple[str, ...] = (
-    "demo",
-    "inspect",
-    "monitor",
-    "trace",
-    "occupancy",
-    "bench",
-    "compare",
-    # the `doctor` command (alias `diagnose`, gpudiag.commands.ALIASES): one process, or
-    # every rank under torchrun; its module keeps the alias's name
-    "diagnose",
-    "recipe",
-    "record",
-    "memory",
-    "plan",
-)
-# Under torchrun these run on every rank and rank 0 prints one merged answer.
-ON_EVERY_RANK: tuple[str, ...] = ("inspect", "bench")
 
-
-def _load(name: str) -> ModuleType | None:
+def _load(row: Command) -> ModuleType:
     try:
-        return importlib.import_module(f"gpudiag.cli.{name}")
+        return importlib.import_module(str(row.terminal))
     except ModuleNotFoundError as exc:
-        if exc.name == f"gpudiag.cli.{name}":
-            return None  # not built yet in this version
         if exc.name and exc.name.partition(".")[0] != "gpudiag":
             # A dependency is not installed: that subcommand says so when run, the others work.
-            return _unavailable(name, exc.name.partition(".")[0])
+            return _unavailable(row.name, exc.name.partition(".")[0])
         raise
 
 
 def _unavailable(name: str, missing: str) -> ModuleType:
     """A stand-in subcommand whose run says which package to install."""
-    module = ModuleType(f"gpudiag.cli.{name}")
+    module = ModuleType(f"gpudiag.commands.{name}")
     module.__doc__ = f"(unavailable here: needs the Python package {missing!r})"
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,18 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpudiag {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        module = _load(name)
-        if module is None:
-            continue
-        help_text = (module.__doc__ or name).strip().splitlines()[0]
-        public = canonical(name)  # the `diagnose` module is the `doctor` command
-        if public != name and public in COMMANDS:
-            public = name  # the other name has a module of its own: never two parsers per name
-        aliases = [a for a in aliases_of(public) if a == name or a not in COMMANDS]
-        p = sub.add_parser(public, aliases=aliases, help=help_text, description=help_text)
+    for row in terminal_commands():
+        module = _load(row)
+        help_text = (module.__doc__ or row.name).strip().splitlines()[0]
+        p = sub.add_parser(row.name, aliases=row.aliases, help=help_text, description=help_text)
         module.add_arguments(p)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _every_rank=row.every_rank)
     return parser
 
 
@@ -99,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command in ON_EVERY_RANK:
+        if args._every_rank:
             from gpudiag.distributed.group import rank_env
 
             if rank_env() is not None:

@@ -1,8 +1,8 @@
 """IPython magics: ``%gpudiag <subcommand>`` and ``%%gpudiag <subcommand>``, one module each.
 
-A subcommand module under ``gpudiag.magics`` has a one-line docstring (its help),
-``add_arguments(parser)`` and ``run(args, cell, shell)``; what ``run`` returns is displayed.
-Adding a subcommand is adding a module and its name to ``SUBCOMMANDS``.
+The subcommands are the rows of ``gpudiag.commands.TABLE`` that name a notebook module: it has
+a one-line docstring (its help), ``add_arguments(parser)`` and ``run_cell(args, cell, shell)``,
+whose return value is displayed.
 """
 
 from __future__ import annotations
@@ -14,23 +14,8 @@ import shlex
 from types import ModuleType
 from typing import Any
 
-from gpudiag.commands import canonical
+from gpudiag.commands import find, notebook_commands
 from gpudiag.errors import GpuDiagError
-
-SUBCOMMANDS: tuple[str, ...] = (
-    "inspect",
-    "monitor",
-    "stop",
-    "profile",
-    "occupancy",
-    "bench",
-    "compare",
-    "doctor",
-    "recipe",
-    "memory",
-    "plan",
-)
-
 
 RESTORED = (
     "the notebook's models, optimizers and variables, torch's switches, the working directory, "
@@ -54,17 +39,9 @@ class _Parser(argparse.ArgumentParser):
         raise _ParserExit(2)
 
 
-def _module(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(f"gpudiag.magics.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"gpudiag.magics.{name}":
-            return None
-        raise
-
-
 def available() -> dict[str, ModuleType]:
-    return {n: m for n in SUBCOMMANDS if (m := _module(n)) is not None}
+    """Each notebook subcommand's name -> its module, in the table's order."""
+    return {r.name: importlib.import_module(r.notebook) for r in notebook_commands() if r.notebook}
 
 
 def plain(text: str) -> str:
@@ -101,11 +78,11 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
         else:
             print(help_text())
             return None
-    name, rest = canonical(words[0]), words[1:]
-    module = _module(name) if name in SUBCOMMANDS else None
-    if module is None:
-        print(f"%gpudiag: unknown subcommand {name!r}.\n\n{help_text()}")
+    row = find(words[0])
+    if row is None or row.notebook is None:
+        print(f"%gpudiag: unknown subcommand {words[0]!r}.\n\n{help_text()}")
         return None
+    name, rest, module = row.name, words[1:], importlib.import_module(row.notebook)
     doc = plain((module.__doc__ or name).strip())
     parser = _Parser(prog=f"%gpudiag {name}", description=doc)
     module.add_arguments(parser)
@@ -114,7 +91,7 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
     except _ParserExit:
         return None
     try:
-        return module.run(args, cell, shell)
+        return module.run_cell(args, cell, shell)
     except GpuDiagError as exc:
         print(f"gpudiag: {exc}")
         return None

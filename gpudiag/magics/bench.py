@@ -7,10 +7,10 @@ from typing import Any
 
 from gpudiag.commands.bench import add_arguments, benchmark_list, measure, multinode_command
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run_cell"]
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     if args.bench is None:
         print(benchmark_list("%gpudiag bench"))
         return None

@@ -98,15 +98,15 @@ def cell_workload(
     names = _names(code)
     modules, optimizers = _torch_objects(names, namespace)
 
-    def run_cell() -> Any:
+    def exec_cell() -> Any:
         exec(code, namespace)  # the user's own cell, in their own namespace
         return namespace.get("loss")
 
     def step() -> Any:
         if not each_run_restored:
-            return run_cell()
+            return exec_cell()
         with _bindings_restored(names, namespace), contextlib.redirect_stdout(io.StringIO()):
-            return run_cell()
+            return exec_cell()
 
     # The biggest module is "the model": reset between arms, its gradients give the grad norm.
     model = max(modules, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
@@ -117,7 +117,7 @@ def cell_workload(
     return workload, names
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     if cell is not None and cell.strip():
         workload, names = cell_workload(cell, namespace)

@@ -82,7 +82,7 @@ def _workload(name: str | None, shell: Any) -> tuple[Any, str]:
     )
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     from gpudiag._progress import ProgressBar
     from gpudiag.doctor import diagnose
     from gpudiag.probe.system import inspect

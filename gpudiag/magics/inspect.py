@@ -8,10 +8,10 @@ from typing import Any
 
 from gpudiag.commands.inspect import add_arguments, system_report
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run_cell"]
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     """The report (its card in the notebook), or its dict with ``--json``."""
     report = system_report(args)
     return report.to_dict() if args.json else report

@@ -234,7 +234,7 @@ def _device(fakes: dict[str, Any]) -> str:
     return "cpu"
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     if cell is not None and cell.strip():
         report = _cell_report(

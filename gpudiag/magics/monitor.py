@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Monitor:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Monitor:
     # In a notebook the widget is shown by monitor(); the returned Monitor does not show it
     # twice (Monitor._ipython_display_ knows it was shown in this cell).
     return start(args, history_s=args.history)

@@ -32,7 +32,7 @@ def _load_plot_library() -> None:
     finish(bar, "loading plotly (first use only)")
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     q = question(args)
     occ, _ = answer(q)  # validates the inputs before any widget is built
     if args.no_widget or args.json:

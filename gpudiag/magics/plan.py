@@ -12,10 +12,10 @@ from typing import Any
 
 from gpudiag.commands.plan import add_arguments, compute
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run_cell"]
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     result = compute(args, namespace)
     return result.to_dict() if args.json else result

@@ -43,7 +43,7 @@ def _compile(cell: str, shell: Any) -> Any:
     return compile_cell(source, filename)
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     if cell is None or not cell.strip():
         raise GpuDiagError(
             "profile is a cell magic: put %%gpudiag profile on the first line of a cell whose "

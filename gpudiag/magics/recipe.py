@@ -7,10 +7,10 @@ from typing import Any
 
 from gpudiag.commands.recipe import add_arguments, render
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run_cell"]
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     if args.action == "show" and not args.json:
         from gpudiag.recipe import Recipe
 

@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     return None
 
 
-def run(args: argparse.Namespace, cell: str | None, shell: Any) -> MonitorSummary | None:
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> MonitorSummary | None:
     m = active()
     if m is None:
         print("gpudiag: no monitor is running (start one with %gpudiag monitor)")

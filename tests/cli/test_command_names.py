@@ -43,20 +43,30 @@ def test_the_magic_takes_the_alias(ipython_shell: Any, capsys: pytest.CaptureFix
     assert "usage: %gpudiag doctor" in out
 
 
-def test_a_name_with_a_module_of_its_own_never_gets_two_parsers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import sys
-    import types
+def test_a_name_is_never_parsed_by_two_commands() -> None:
+    from gpudiag.commands import TABLE, Command, check_table
 
-    import gpudiag.cli as cli
-
-    doctor = types.ModuleType("gpudiag.cli.doctor")
-    doctor.__doc__ = "A doctor of its own."
-    doctor.add_arguments = lambda parser: None  # type: ignore[attr-defined]
-    doctor.run = lambda args: 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpudiag.cli.doctor", doctor)
-    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, "doctor"))
+    # A second command named as another's alias is refused when the table is read.
+    with pytest.raises(ValueError, match="'diagnose' names both 'doctor' and 'diagnose'"):
+        check_table((*TABLE, Command("diagnose", terminal="gpudiag.commands.doctor")))
+    # And the terminal has one parser line per command: `diagnose` only as doctor's alias.
     lines = build_parser().format_help().splitlines()
-    assert any(line.split()[:1] == ["diagnose"] for line in lines)
-    assert any(line.split()[:2] == ["doctor", "A"] for line in lines)
+    firsts = [line.split()[0] for line in lines if line.startswith("    ") and line.split()]
+    assert firsts.count("doctor") == 1
+    assert "diagnose" not in firsts
+
+
+def test_every_row_of_the_table_serves_the_front_ends_it_names() -> None:
+    import importlib
+
+    from gpudiag.commands import TABLE
+
+    for row in TABLE:
+        if row.terminal is not None:
+            module = importlib.import_module(row.terminal)
+            assert callable(module.add_arguments), row.name
+            assert callable(module.run), row.name
+        if row.notebook is not None:
+            module = importlib.import_module(row.notebook)
+            assert callable(module.add_arguments), row.name
+            assert callable(module.run_cell), row.name

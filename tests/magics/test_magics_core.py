@@ -116,8 +116,8 @@ def test_inspect_json_is_the_terminals_json(ip: Any, capsys: pytest.CaptureFixtu
 
 
 def test_inspect_and_monitor_take_one_set_of_options_in_both_front_ends() -> None:
-    from gpudiag.cli import inspect as cli_inspect
     from gpudiag.cli import monitor as cli_monitor
+    from gpudiag.commands import inspect as cli_inspect
     from gpudiag.magics import inspect as magic_inspect
     from gpudiag.magics import monitor as magic_monitor
 
