@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpudiag import _handoff, _views
+from gpudiag import _views
 from gpudiag._version import __version__
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
 
@@ -36,7 +36,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "roofline": ("gpudiag.analysis.roofline", "roofline"),
     "Workload": ("gpudiag.step", "Workload"),
     "Fix": ("gpudiag.fixes", "Fix"),
-    "compare": ("gpudiag.experiment.compare", "compare"),
+    "compare": ("gpudiag.trials", "compare"),
     "Comparison": ("gpudiag.experiment.compare", "Comparison"),
     "Recipe": ("gpudiag.recipe", "Recipe"),
     "diagnose": ("gpudiag.doctor", "diagnose"),
@@ -84,8 +84,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 # result's .plot() or .view() loads it on first use (the domain itself never imports it).
 _views.add_provider("gpudiag.plots")
 _views.add_provider("gpudiag.ui")
-# gd.compare(..., nproc=N) hands the trial to the multi-rank launcher, a layer above experiment.
-_handoff.register("compare_distributed", "gpudiag.distributed.compare:compare_distributed")
 
 # Names whose results a notebook shows with their figure (gpudiag.ui.figures).
 _SHOWN_WITH_FIGURES = frozenset({"compare", "Comparison", "diagnose"})
@@ -182,7 +180,6 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.errors import WorkloadError as WorkloadError
     from gpudiag.errors import WorkloadSpecError as WorkloadSpecError
     from gpudiag.experiment.compare import Comparison as Comparison
-    from gpudiag.experiment.compare import compare as compare
     from gpudiag.experiment.estimate import estimate_memory as estimate_memory
     from gpudiag.experiment.fit import FitResult as FitResult
     from gpudiag.experiment.fit import fit as fit
@@ -204,3 +201,4 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.recipe import Recipe as Recipe
     from gpudiag.rules import Diagnosis as Diagnosis
     from gpudiag.step import Workload as Workload
+    from gpudiag.trials import compare as compare

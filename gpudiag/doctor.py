@@ -149,9 +149,9 @@ def diagnose(
 
 def run_trial(workload: Any, fixes: list[Any], **compare_options: Any) -> Any:
     """``Diagnosis.try_fix``'s trial: ``gd.compare`` on the diagnosed workload."""
-    from gpudiag.experiment import compare
+    from gpudiag.trials import compare
 
-    return compare.compare(workload, fixes=fixes, **compare_options)
+    return compare(workload, fixes=fixes, **compare_options)
 
 
 def step_time(

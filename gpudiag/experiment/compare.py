@@ -518,8 +518,6 @@ def compare(
     seed: int = 0,
     progress: bool | ProgressFn = True,
     clock: Callable[[], float] | None = None,
-    nproc: int | None = None,
-    **distributed: Any,
 ) -> Comparison:
     """Run the baseline and each fix in isolated trials, interleaved, and compare them.
 
@@ -547,16 +545,10 @@ def compare(
     that gets a ``gpudiag._progress.Progress`` per round and ``finished`` when every arm has
     its verdict (possibly well before the round limit).
 
-    ``nproc=N`` runs the trial as N ranks through torchrun instead (DDP baseline vs
-    ``fsdp.wrap``; the keyword arguments of gpudiag.experiment.distributed.compare_distributed,
-    e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
+    ``gd.compare`` (gpudiag.trials) is this protocol in one process, or with ``nproc=N`` the
+    multi-rank trial of gpudiag.distributed.compare.
     """
     check_compare(locals())  # the protocol's numbers, before anything runs
-    if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
-        distributed.setdefault("progress", progress)
-        return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
-    if distributed:
-        raise GpuDiagError(f"unknown argument(s) {', '.join(sorted(distributed))} of compare")
     started = time.perf_counter()
     wall = clock or time.perf_counter
     if not isinstance(workload, Workload):
@@ -670,30 +662,6 @@ def _remember(workload: Workload, comparison: Comparison) -> None:
 
 
 # -- the protocol's phases, in the order compare() runs them -------------------------------
-
-
-def _hand_off(
-    workload: Any,
-    fixes: Iterable[ArmSpec],
-    nproc: int,
-    seed: int,
-    confidence: float,
-    tolerance: float,
-    distributed: dict[str, Any],
-) -> Comparison:
-    """``nproc=N``: the trial runs as N ranks through torchrun (experiment.distributed)."""
-    import inspect
-
-    from gpudiag.experiment.distributed import compare_distributed
-
-    unknown = sorted(set(distributed) - set(inspect.signature(compare_distributed).parameters))
-    if unknown:
-        raise GpuDiagError(f"unknown argument(s) {', '.join(unknown)} of compare(nproc=...)")
-
-    return compare_distributed(
-        workload, fixes, nproc=nproc, seed=seed, confidence=confidence,
-        tolerance=tolerance, **distributed,
-    )  # fmt: skip
 
 
 def _prepare_arms(
