@@ -253,7 +253,7 @@ RECIPES = {
 WORKLOAD_MODULE = """
 import os, time
 import torch
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 def _make(width=8):
     torch.manual_seed(0)

@@ -44,9 +44,9 @@ def test_each_error_is_exported_and_derives_from_the_base(cls: type[BaseExceptio
 
 
 def test_old_import_paths_give_the_same_classes() -> None:
-    from gpudiag.experiment.workload import WorkloadError
     from gpudiag.fixes import FixConflictError, FixError
     from gpudiag.specs import SpecsError, UnknownComputeCapabilityError
+    from gpudiag.step import WorkloadError
 
     assert (FixError, FixConflictError) == (gd.FixError, gd.FixConflictError)
     assert (SpecsError, UnknownComputeCapabilityError) == (

@@ -221,7 +221,7 @@ def test_a_bar_can_be_shown_inside_an_output_widget() -> None:
 
 def test_diagnose_reports_its_profile_then_its_batch_scaling() -> None:
     from gpudiag.doctor import diagnose
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     events, on_progress = _recorder()
     model = torch.nn.Linear(16, 4)

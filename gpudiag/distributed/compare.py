@@ -40,9 +40,9 @@ from gpudiag.errors import DistributedError, WorkloadSpecError
 from gpudiag.experiment.compare import ArmResult, Comparison
 from gpudiag.experiment.drift import StepTrace, compare_traces
 from gpudiag.experiment.memory import PeakMemory
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, Proof, ProofStatus
 from gpudiag.probe import cuda
+from gpudiag.step import Workload
 
 WORKER_MODULE = "gpudiag.distributed._trial_worker"
 BASELINE_LABEL = "ddp (baseline)"

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpudiag.errors import WorkloadSpecError
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 
 def spec_of(workload: Any) -> str:

@@ -21,9 +21,9 @@ from gpudiag._progress import ProgressFn, finish, report
 from gpudiag._report import jsonable
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.trial import isolated
-from gpudiag.experiment.workload import Workload
 from gpudiag.probe import cuda
 from gpudiag.probe.host import load_average, usable_cpus
+from gpudiag.step import Workload
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -143,7 +143,7 @@ def batch_scaling(
     ``finished`` at the end, also when ``stop_below`` ends it early."""
     why = can_scale(workload)
     if why is not None:
-        from gpudiag.experiment.workload import WorkloadError
+        from gpudiag.step import WorkloadError
 
         raise WorkloadError(f"cannot scale the batch: {why}")
     notes: list[str] = []

@@ -36,10 +36,10 @@ from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
 from gpudiag.experiment.runner import Arm, load_values, seed_everything
 from gpudiag.experiment.step_limit import StepLimit
 from gpudiag.experiment.trial import isolated, tensor_bytes
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, Proof, ProofStatus, check_conflicts
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import contention, cuda
+from gpudiag.step import Workload
 
 if TYPE_CHECKING:
     from gpudiag.probe.contention import MachineLoad

@@ -31,9 +31,9 @@ from gpudiag.analysis.memory_estimate import (
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.trial import isolated
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix
 from gpudiag.profiling.memory import fake_copy, fake_tensors, traced_step_memory
+from gpudiag.step import Workload
 
 __all__ = ["MemoryEstimate", "MemoryEstimateError", "estimate_memory", "memory_fixes"]
 

@@ -23,10 +23,10 @@ from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
 from gpudiag.experiment.memory_report import capped_peak, parse_budget
 from gpudiag.experiment.step_limit import shared_limits
-from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import cuda
+from gpudiag.step import Workload, WorkloadError
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport

@@ -25,12 +25,12 @@ from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.trial import isolated
-from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
 from gpudiag.probe import cuda
 from gpudiag.probe.cuda_memory import allocator_stats
 from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
 from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded, OutOfMemory
+from gpudiag.step import Workload, WorkloadError
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport

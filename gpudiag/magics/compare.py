@@ -92,7 +92,7 @@ def cell_workload(
     its printed output to itself (for a workload that outlives the magic call, such as the one
     a doctor card's Try-it button runs later).
     """
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     code = compile_cell(cell, f"<%%gpudiag {magic} cell>")
     names = _names(code)
@@ -131,7 +131,7 @@ def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
                 "%gpudiag compare --workload NAME --fix ... with a gd.Workload variable or a "
                 "demo name"
             )
-        from gpudiag.experiment.workload import Workload
+        from gpudiag.step import Workload
 
         value = namespace.get(args.workload)
         if isinstance(value, Workload):

@@ -65,7 +65,7 @@ def demo_note(name: str) -> str:
 
 def _workload(name: str | None, shell: Any) -> tuple[Any, str]:
     """The workload (or demo name) to diagnose, and a note saying what it is."""
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     if name is None:
         return DEMO, demo_note(DEMO)

@@ -250,7 +250,7 @@ def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
     name = args.workload_var or args.workload
     workload = None
     if name is not None:
-        from gpudiag.experiment.workload import Workload
+        from gpudiag.step import Workload
 
         value = namespace.get(name)
         if isinstance(value, Workload):

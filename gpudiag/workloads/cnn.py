@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 
 def conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:

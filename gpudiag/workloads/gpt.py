@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpudiag.errors import WorkloadError
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 
 class AugmentedImages(Dataset[tuple[torch.Tensor, int]]):

@@ -8,7 +8,7 @@ import time
 import torch
 from torch import nn
 
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 
 class Layer(nn.Module):

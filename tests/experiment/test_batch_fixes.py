@@ -14,9 +14,9 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.batch_scaling import BatchScaling, batch_scaling, can_scale
 from gpudiag.experiment.compare import compare
-from gpudiag.experiment.workload import Workload, split_batch
 from gpudiag.fixes import Fix, apply_fixes
 from gpudiag.fixes.dataloader import rebuild_loader
+from gpudiag.step import Workload, split_batch
 from tests.experiment.test_compare_fake_clock import run
 
 FIXED_S, PER_SAMPLE_S = 0.008, 0.0005

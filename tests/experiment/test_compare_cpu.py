@@ -12,8 +12,8 @@ from torch import nn
 
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.compare import compare
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import FixConflictError
+from gpudiag.step import Workload
 from gpudiag.workloads import gpt
 
 QUICK: dict[str, Any] = {

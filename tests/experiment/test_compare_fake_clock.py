@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gpudiag.experiment.compare import compare
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes.control import NoChange
 from gpudiag.fixes.spec import registered
+from gpudiag.step import Workload
 
 BASE_S = 0.010
 # The planned looks of the default protocol (min_rounds 5, max_rounds 100, 95 %): the first

@@ -9,7 +9,7 @@ from gpudiag import workloads
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory, memory_fixes
 from gpudiag.experiment.memory_report import measure_timeline
-from gpudiag.experiment.workload import Workload
+from gpudiag.step import Workload
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpudiag.experiment.workload import Workload, WorkloadError, default_loss, move_to
+from gpudiag.step import Workload, WorkloadError, default_loss, move_to
 
 
 def test_refuses_what_it_cannot_run() -> None:

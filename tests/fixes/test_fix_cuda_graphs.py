@@ -19,12 +19,12 @@ from torch import nn
 
 from gpudiag.errors import ProbeError, UnsupportedFixError
 from gpudiag.experiment.runner import Arm, seed_everything
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, Step, apply_fixes, get_spec
 from gpudiag.fixes import cuda_graphs as cg
 from gpudiag.fixes.cuda_graphs import GraphedForward
 from gpudiag.probe import cuda
 from gpudiag.probe.system import inspect
+from gpudiag.step import Workload
 from tests.fakes.machines import cpu_system
 
 A100_XML = "a100-sxm4-v12.xml"

@@ -25,12 +25,12 @@ from torch import nn
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.runner import Arm
-from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, Step, get_spec
 from gpudiag.fixes.precision import fp8_linear_plan
 from gpudiag.probe.model import Gpu, GpuInfo, GpuState
 from gpudiag.probe.readings import ok
 from gpudiag.probe.system import SystemReport, inspect
+from gpudiag.step import Workload
 from tests.fakes.machines import cpu_system
 
 

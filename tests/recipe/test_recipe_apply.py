@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from gpudiag.experiment.compare import compare
-from gpudiag.experiment.workload import Workload
 from gpudiag.recipe import Recipe
+from gpudiag.step import Workload
 
 
 def test_apply_skips_what_this_machine_cannot_do(make_cpu_system: Any) -> None:

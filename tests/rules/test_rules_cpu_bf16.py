@@ -134,7 +134,7 @@ def test_inspect_and_compare_say_instructions_not_fast(
     bf16_cpu: Any, fake_clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gpudiag.experiment.compare import compare
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     monkeypatch.delitem(_measured._facts, cpu_bf16.FACT, raising=False)  # nothing measured yet
     text = repr(bf16_cpu)
@@ -328,7 +328,7 @@ def test_inspect_reads_the_same_measured_answer(bf16_cpu: Any, measured: Any) ->
 
 def _bf16_slower_workload() -> Any:
     """A step on a real fp32 model that the fake clock times twice as long under autocast."""
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     model = torch.nn.Linear(8, 8)
     clock = _Clock()

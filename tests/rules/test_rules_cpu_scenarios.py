@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from gpudiag.doctor import diagnose
-from gpudiag.experiment.workload import Workload
 from gpudiag.rules import Diagnosis, Severity
+from gpudiag.step import Workload
 from gpudiag.workloads import get, mlp
 
 pytestmark = pytest.mark.slow

@@ -107,7 +107,7 @@ def _timed_step(clock: Any, bf16_factor: float) -> Any:
     """A step that "takes" 10 ms on the fake clock, ``bf16_factor`` times that under autocast."""
     import torch
 
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
 
     ones = torch.ones(2, 2)
 
@@ -211,7 +211,7 @@ def test_a_fix_that_could_not_be_applied_live_keeps_the_findings_advice(bf16_cpu
     # The card used to say "keep it as it is: attention.backend did not help here".
     import torch
 
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
     from tests.fixes.test_fix_proofs import Blocks, HandAttention
 
     model = Blocks(HandAttention)

@@ -10,8 +10,8 @@ import torch
 
 from gpudiag.doctor import diagnose
 from gpudiag.experiment.compare import compare
-from gpudiag.experiment.workload import Workload
 from gpudiag.plots.trace import step_time_figure
+from gpudiag.step import Workload
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 RESNET_W0 = "kineto-resnet50_num_workers_0-worker0.1623143089861.pt.trace.json.gz"

@@ -60,7 +60,7 @@ def test_every_result_type_shows_text(
     terminal: Any, capsys: pytest.CaptureFixture[str], fake_clock: Any
 ) -> None:
     from gpudiag.experiment.compare import compare
-    from gpudiag.experiment.workload import Workload
+    from gpudiag.step import Workload
     from gpudiag.ui.diagnosis import DiagnosisView
     from gpudiag.ui.figures import comparison_view
 
