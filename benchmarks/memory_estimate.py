@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from gpudiag import workloads
-from gpudiag.analysis.memory_estimate import format_bytes
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory, memory_fixes
 from gpudiag.experiment.memory_report import measure_timeline
+from gpudiag.units import format_bytes
 
 CASES: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
     ("gpt", {"seq_len": 512}, (1, 2, 4)),

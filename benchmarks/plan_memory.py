@@ -159,7 +159,7 @@ def measure(case: dict[str, Any], mode: str) -> list[int]:
 
 
 def main() -> None:
-    from gpudiag.analysis.memory_estimate import format_bytes
+    from gpudiag.units import format_bytes
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the first model only")

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag._values import whole_number
 from gpudiag.errors import MemoryEstimateError
+from gpudiag.units import format_bytes
 
 CATEGORIES: tuple[str, ...] = (
     "parameters",
@@ -347,17 +348,6 @@ class MemoryEstimate:
         notes = "".join(f"<div style='opacity:.7'>{esc(a)}</div>" for a in self.assumptions)
         body = head + html_grid(("category", "bytes", "share"), rows) + notes
         return card(f"Memory estimate: {self.model or 'model'}", body)
-
-
-def format_bytes(n: float | None) -> str:
-    if n is None:
-        return "N/A"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{sign}{n / scale:,.2f} {unit}"
-    return f"{sign}{int(n)} B"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from gpudiag import _progress
 from gpudiag._progress import ProgressFn, finish, report
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.files import GiB, open_regular
-from gpudiag.analysis.memory_estimate import format_bytes
 from gpudiag.analysis.snapshot_diff import (
     Holder,
     Key,
@@ -42,6 +41,7 @@ from gpudiag.analysis.snapshot_diff import (
     stack_category,
 )
 from gpudiag.errors import SnapshotError
+from gpudiag.units import format_bytes
 
 SAVE_PROTOCOL = 4  # what PyTorch's memory viewer accepts
 # A snapshot pickle becomes 6-13x its size in Python objects (measured on the real snapshots in

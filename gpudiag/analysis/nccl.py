@@ -29,6 +29,7 @@ from gpudiag._files import LOG_BYTES, read_text
 from gpudiag._report import card, esc, html_grid, jsonable
 from gpudiag._values import digits, is_ascii_number
 from gpudiag.errors import GpuDiagError
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.nccl_topo import NcclTopology
@@ -276,7 +277,7 @@ class CollectiveResult:
             spread = r.busbw_iqr_gbps
             out.append(
                 (
-                    _fmt_bytes(r.size_bytes),
+                    format_bytes(r.size_bytes, "g"),
                     "in-place" if r.in_place else "out-of-place",
                     f"{r.time_us:.1f}",
                     f"{r.algbw_gbps:.2f}",
@@ -332,13 +333,6 @@ class CollectiveResult:
             )
         notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
         return card("Collective bandwidth", body + notes, subtitle=self._title())
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
 
 
 # --- nccl-tests log parser ---------------------------------------------------------------------

@@ -21,8 +21,8 @@ from typing import Any, Literal, Protocol
 
 from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
-from gpudiag.analysis.memory_estimate import format_bytes
 from gpudiag.errors import ArgumentError
+from gpudiag.units import format_bytes
 
 NO_STACK = "no stack recorded"
 CATEGORY_RULE = (

@@ -14,6 +14,7 @@ from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
 from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -180,7 +181,7 @@ class BandwidthResult:
             [
                 (
                     r.kind,
-                    _fmt_bytes(r.size_bytes),
+                    format_bytes(r.size_bytes, "g"),
                     f"{r.gbps:.1f}" if r.gbps is not None else "N/A",
                     f"{r.gbps_iqr[0]:.1f} - {r.gbps_iqr[1]:.1f}" if r.gbps_iqr else "",
                     "ok" if r.correct else r.reason,
@@ -190,13 +191,6 @@ class BandwidthResult:
         )
         notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
         return card("Memory bandwidth", summary + detail + notes, subtitle=self.device)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
 
 
 def _theoretical(target: _env.Target, kind: str, system: SystemReport | None) -> Reading[float]:
@@ -368,7 +362,7 @@ def _one_case(
             warmup=warmup,
             max_time_s=max_time_s,
             timer=timer,
-            label=f"{kind} {_fmt_bytes(nbytes)}",
+            label=f"{kind} {format_bytes(nbytes, 'g')}",
         )
         src, dst = pairs[0]
         dst.copy_(src)

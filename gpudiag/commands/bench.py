@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
 from gpudiag._values import arg_int, whole_number
 from gpudiag.errors import ArgumentError
+from gpudiag.units import parse_bytes
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-}
 COLLECTIVE_COMMANDS = {
     "allreduce": "all_reduce",
     "all_gather": "all_gather",
@@ -35,10 +22,9 @@ COLLECTIVE_COMMANDS = {
 
 def byte_size(text: str) -> int:
     """'4096', '64K', '1MiB', '1.5G' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
+    value = parse_bytes(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4096, 64K, 1MiB)")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if value > 1 << 50:
         raise argparse.ArgumentTypeError(f"{text!r} is more than a pebibyte: not a buffer size")
     if value < 1 or not value.is_integer():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,16 +15,20 @@ from gpudiag.analysis.occupancy import (
     block_size_advice,
     occupancy,
 )
+from gpudiag.units import BINARY_SUFFIXES, parse_bytes
 
 _STATIC_SMEM_MAX = 48 * 1024
 
 
+# Shared memory sizes: bytes or KiB (48K, 48KB and 48KiB are 49152 bytes).
+_KIB_SUFFIXES = {s: BINARY_SUFFIXES[s] for s in ("", "k", "kb", "kib")}
+
+
 def _bytes(text: str) -> int:
     """'4096', '48K', '48KiB', '1.5k' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(k|kb|kib)?\s*", text, re.IGNORECASE)
-    if not match:
+    value = parse_bytes(text, _KIB_SUFFIXES)
+    if value is None:
         raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4096 or 48K)")
-    value = float(match.group(1)) * (1024 if match.group(2) else 1)
     if not value.is_integer() or value > 1 << 40:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes (up to 1 TiB)")
     return int(value)

@@ -26,6 +26,7 @@ from gpudiag.analysis.stragglers import RankTiming, Straggler, find_stragglers
 from gpudiag.distributed.group import RankEnv
 from gpudiag.probe import cuda
 from gpudiag.probe.host import load_average, usable_cpus
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -225,13 +226,6 @@ def gather_evidence(
         error=error,
         **facts,
     )
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
 
 
 # --- on rank 0 ---------------------------------------------------------------------------------
@@ -467,7 +461,8 @@ class DistributedReport:
         else:
             text += f"; expected: unknown ({self.expected.basis})"
         sizes = [
-            f"{_size(row.size_bytes)} {row.time_us / 1e3:.2f} ms ({row.busbw_gbps:.2f} GB/s)"
+            f"{format_bytes(row.size_bytes, 'g')} {row.time_us / 1e3:.2f} ms "
+            f"({row.busbw_gbps:.2f} GB/s)"
             for row in c.rows
         ]
         if sizes:

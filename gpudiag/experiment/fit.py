@@ -18,7 +18,7 @@ from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
-from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
+from gpudiag.analysis.memory_estimate import MemoryEstimate, with_parallelism
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
 from gpudiag.experiment.memory_report import capped_peak, parse_budget
@@ -27,6 +27,7 @@ from gpudiag.fixes import Fix
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import cuda
 from gpudiag.step import Workload, WorkloadError
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport

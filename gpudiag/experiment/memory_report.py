@@ -21,7 +21,7 @@ from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag._values import finite_number, whole_number
-from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_bytes
+from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.trial import isolated
@@ -31,6 +31,7 @@ from gpudiag.probe.cuda_memory import allocator_stats
 from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
 from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded, OutOfMemory
 from gpudiag.step import Workload, WorkloadError
+from gpudiag.units import SI_SUFFIXES, format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -166,18 +167,13 @@ def parse_budget(budget: Any) -> int | None:
             error=WorkloadError,
         )  # fmt: skip
     elif isinstance(budget, str):
-        m = re.fullmatch(
-            r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?B|B)?\s*", budget, flags=re.IGNORECASE
-        )
-        if not m:
+        parsed = parse_bytes(budget, SI_SUFFIXES)
+        if parsed is None:
             raise WorkloadError(
                 f"memory budget {budget[:40]!r}: write bytes or e.g. '512MiB', '2GB' "
                 "(ASCII digits and a unit)"
             )
-        unit = (m.group(2) or "B").upper()
-        power = "BKMGTPE".index(unit[0])
-        scale = 1024**power if "I" in unit or unit == "B" else 1000**power
-        value = float(m.group(1)) * scale
+        value = parsed
         if value > MAX_BUDGET_BYTES:
             raise WorkloadError(f"memory budget {budget!r} is more than an exbibyte")
     else:

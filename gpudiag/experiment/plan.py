@@ -49,11 +49,11 @@ from gpudiag.analysis.memory_estimate import (
     TransformerConfig,
     bytes_per_parameter,
     estimate_transformer,
-    format_bytes,
     normalize_precision,
 )
 from gpudiag.errors import GpuDiagError, PlanError
 from gpudiag.specs import GpuSpec, lookup_gpu
+from gpudiag.units import format_bytes
 
 __all__ = [
     "KNOWN_MODELS",

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudiag._report import jsonable
-from gpudiag.analysis.memory_estimate import CATEGORIES, format_bytes
+from gpudiag.analysis.memory_estimate import CATEGORIES
 from gpudiag.errors import GpuDiagError
 from gpudiag.profiling.memory import (
     TRACKER_CATEGORIES,
     MemoryMeasurementError,
     repeated_roots_allowed,
 )
+from gpudiag.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gpudiag.analysis.memory_estimate import format_bytes
 from gpudiag.rules.engine import Diagnosis, rule, run_rules
 
 # MemoryEvidence lives beside EvidenceBundle (no import cycle); it stays importable from here.
 from gpudiag.rules.evidence import EvidenceBundle, MemoryEvidence
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.analysis.memory_estimate import MemoryEstimate

@@ -15,6 +15,7 @@ from gpudiag.rules._facts import (
 )
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity, severity_for_gain
+from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.report import TraceReport
@@ -171,12 +172,12 @@ def host_sync_in_step(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
     if copies:
         longest = max(copies, key=lambda c: c.duration_us)
+        size = format_bytes(longest.copy_bytes, ".1f", si=True, none="an unrecorded size")
         items.append(
             Evidence(
                 f"longest blocking copy ({longest.copy})",
                 round(longest.duration_us / 1e3, 2),
-                f"ms on the host for {_bytes(longest.copy_bytes)} that took "
-                f"{longest.copy_gpu_us or 0:.0f} us on the GPU",
+                f"ms on the host for {size} that took {longest.copy_gpu_us or 0:.0f} us on the GPU",
                 src,
             )
         )
@@ -242,15 +243,6 @@ def _copy_advice(copies: list[Any]) -> str:
         k for k, us in sorted(by.items(), key=lambda kv: -kv[1]) if us >= DIRECTION_SHARE * total
     ]
     return "; ".join(advice[k] for k in chosen) or _SYNC_ADVICE
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "an unrecorded size"
-    for unit, scale in (("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _copy_cause(copies: list[Any], op: str) -> str:
