@@ -238,23 +238,14 @@ def gpu_spec(target: Target) -> tuple[Any | None, str]:
 def gpu_supports(target: Target, dtype: str) -> tuple[bool, str]:
     """Whether the GPU has a fast path for ``dtype``; (False, reason) when not."""
     from gpudiag.probe import cuda
+    from gpudiag.specs import FEATURE_SINCE
 
     cc = cuda.device_properties(target.index or 0).compute_capability
-    feats: Any = None
-    try:
-        from gpudiag import specs
-
-        feats = specs.features(cc)
-    except Exception:  # fall back on the compute-capability thresholds below
-        feats = None
-    need = {"tf32": (8, 0), "bf16": (8, 0), "fp16": (7, 0), "fp8": (8, 9)}
     if dtype == "fp32":
         return True, ""
-    flag = getattr(feats, dtype, None) if feats is not None else None
-    supported = bool(flag) if flag is not None else cc >= need.get(dtype, (0, 0))
-    if supported:
+    major, minor = FEATURE_SINCE["fp16_tensor_cores" if dtype == "fp16" else dtype]
+    if cc >= (major, minor):
         return True, ""
-    major, minor = need[dtype]
     return False, (
         f"{dtype} needs tensor cores of compute capability {major}.{minor}+; "
         f"this GPU is {cc[0]}.{cc[1]}"

@@ -3,38 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpudiag.specs import FEATURE_SINCE, has_feature
 
 if TYPE_CHECKING:
     from gpudiag.probe.model import HostInfo
     from gpudiag.probe.system import Gpu, SystemReport
-
-
-@dataclass(frozen=True)
-class _Features:
-    """Capability flags per compute capability, used only when ``gpudiag.specs`` is absent.
-
-    Sources: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities" (TF32 and bf16 tensor
-    cores from 8.0, FP8 from 8.9); FlashAttention-2 README (Ampere, Ada, Hopper: 8.0+).
-    """
-
-    tf32: bool
-    bf16: bool
-    fp8: bool
-    flash_attention_2: bool
-
-
-def features(cc: tuple[int, int]) -> Any:
-    """Capability flags (tf32, bf16, fp8, flash_attention_2) of a compute capability."""
-    try:
-        from gpudiag import specs
-
-        return specs.features(cc)
-    except Exception:  # no spec table, or a capability outside it: the documented thresholds
-        return _Features(
-            tf32=cc >= (8, 0), bf16=cc >= (8, 0), fp8=cc >= (8, 9), flash_attention_2=cc >= (8, 0)
-        )
 
 
 def current_system() -> SystemReport:
@@ -90,20 +65,25 @@ def cc_text(cc: tuple[int, int] | None) -> str:
     return "unknown" if cc is None else f"{cc[0]}.{cc[1]}"
 
 
+def since_text(feature: str) -> str:
+    """``"8.0+"``: the first compute capability with ``feature`` (gpudiag.specs)."""
+    return f"{cc_text(FEATURE_SINCE[feature])}+"
+
+
 def gpu_has(
-    system: SystemReport | None, feature: str, what: str, needed: str, hint: str = ""
+    system: SystemReport | None, feature: str, what: str, hint: str = ""
 ) -> tuple[bool, str]:
-    """Whether the run's GPU has the tensor-core ``feature`` (a ``specs.features`` flag such as
-    ``"tf32"``), and the reason when it has not or cannot be told."""
+    """Whether the run's GPU has the tensor-core ``feature`` (a ``specs.FEATURE_SINCE`` key
+    such as ``"tf32"``), and the reason when it has not or cannot be told."""
     cc, name = gpu_cc(system)
     if cc is None:
         return (
             False,
             f"the compute capability of {name} is unknown, so {what} support cannot be checked",
         )
-    if not getattr(features(cc), feature):
+    if not has_feature(cc, feature):
         return False, (
             f"{name} (compute capability {cc_text(cc)}) has no {what} tensor cores "
-            f"({needed} needed){hint}"
+            f"({since_text(feature)} needed){hint}"
         )
     return True, ""

@@ -19,6 +19,7 @@ from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
 from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
 from gpudiag.fixes.spec import FixParams, FixSpec, Step, register
+from gpudiag.specs import has_feature
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -186,13 +187,11 @@ class AttentionBackend(FixSpec):
                 if cc >= (5, 0)
                 else (False, f"{where} is too old for the memory-efficient kernel (5.0+)")
             )
-        if (
-            backend in ("flash", "flash_attn", "cudnn")
-            and not _system.features(cc).flash_attention_2
-        ):
+        if backend in ("flash", "flash_attn", "cudnn") and not has_feature(cc, "flash_attention_2"):
             return (
                 False,
-                f"{where} cannot run FlashAttention-class kernels (8.0+ needed); "
+                f"{where} cannot run FlashAttention-class kernels "
+                f"({_system.since_text('flash_attention_2')} needed); "
                 "try attention.backend=efficient",
             )
         if backend == "cudnn":

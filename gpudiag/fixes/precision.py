@@ -77,7 +77,7 @@ class TF32(FixSpec):
                 "TF32 is a tensor-core format of NVIDIA GPUs (compute capability 8.0+); "
                 "this run is on the CPU",
             )
-        return _system.gpu_has(system, "tf32", "TF32", "8.0+", ": the flags would change nothing")
+        return _system.gpu_has(system, "tf32", "TF32", ": the flags would change nothing")
 
     def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         return tf32_enabled()
@@ -213,7 +213,7 @@ class BF16(FixSpec):
         if device_type == "cpu":
             ok, why = _cpu_low_precision(system, "bf16")
             return ok, "" if ok else why
-        return _system.gpu_has(system, "bf16", "bf16", "8.0+", "; try precision.fp16 instead")
+        return _system.gpu_has(system, "bf16", "bf16", "; try precision.fp16 instead")
 
     def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         import torch
@@ -511,7 +511,7 @@ class FP8(FixSpec):
                 "FP8 tensor cores exist only on NVIDIA GPUs of compute capability 8.9+ "
                 "(Ada, Hopper)",
             )
-        has_fp8 = _system.gpu_has(system, "fp8", "FP8", "8.9+")
+        has_fp8 = _system.gpu_has(system, "fp8", "FP8")
         if not has_fp8[0]:
             return has_fp8
         if not _system.package_installed("transformer_engine"):

@@ -7,6 +7,7 @@ names its source), loaded on first use. Stdlib only, so every layer may import i
 from __future__ import annotations
 
 from gpudiag.specs._cc import (
+    FEATURE_SINCE,
     CcFeatures,
     ComputeCapability,
     SmLimits,
@@ -15,6 +16,7 @@ from gpudiag.specs._cc import (
     architecture_name,
     cc_limits,
     features,
+    has_feature,
     known_compute_capabilities,
     parse_compute_capability,
 )
@@ -29,6 +31,7 @@ from gpudiag.specs._gpus import (
 
 __all__ = [
     "DTYPES",
+    "FEATURE_SINCE",
     "CcFeatures",
     "ComputeCapability",
     "GpuSpec",
@@ -41,6 +44,7 @@ __all__ = [
     "cc_limits",
     "derive_gpu_spec",
     "features",
+    "has_feature",
     "known_compute_capabilities",
     "lookup_gpu",
     "parse_compute_capability",

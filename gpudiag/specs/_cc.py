@@ -265,6 +265,31 @@ def cc_limits(cc: object) -> SmLimits:
     return _limits(key)
 
 
+# The first compute capability with each feature: the one source of these thresholds (the
+# fixes and the benchmarks ask it too). CUDA C++ Programming Guide, "Compute Capabilities";
+# FlashAttention-2 README (Ampere, Ada, Hopper: 8.0+).
+FEATURE_SINCE: dict[str, ComputeCapability] = {
+    "tensor_cores": (7, 0),
+    "fp16_tensor_cores": (7, 0),
+    # Volta's first tensor cores (7.0) take fp16 only; Xavier (7.2) and Turing added int8.
+    "int8_tensor_cores": (7, 2),
+    "tf32": (8, 0),
+    "bf16": (8, 0),
+    "fp8": (8, 9),
+    "fp4": (10, 0),
+    "flash_attention_2": (8, 0),
+    "async_copy": (8, 0),
+    "tma": (9, 0),
+    "thread_block_clusters": (9, 0),
+}
+
+
+def has_feature(cc: ComputeCapability, feature: str) -> bool:
+    """Whether ``cc`` is at or past the first capability with ``feature`` (FEATURE_SINCE);
+    answers for any capability, also one outside the table's architectures."""
+    return cc >= FEATURE_SINCE[feature]
+
+
 def features(cc: object) -> CcFeatures:
     """Feature flags of a compute capability (any 6.x to 12.x; others raise)."""
     key = parse_compute_capability(cc)
@@ -272,19 +297,8 @@ def features(cc: object) -> CcFeatures:
     return CcFeatures(
         compute_capability=key,
         architecture=arch,
-        tensor_cores=key >= (7, 0),
-        fp16_tensor_cores=key >= (7, 0),
-        # Volta's first tensor cores (7.0) take fp16 only; Xavier (7.2) and Turing added int8.
-        int8_tensor_cores=key >= (7, 2),
-        tf32=key >= (8, 0),
-        bf16=key >= (8, 0),
-        fp8=key >= (8, 9),
-        fp4=key >= (10, 0),
-        flash_attention_2=key >= (8, 0),
+        **{name: key >= since for name, since in FEATURE_SINCE.items()},
         flash_attention_3=key == (9, 0),
         cuda_graphs=True,
-        async_copy=key >= (8, 0),
-        tma=key >= (9, 0),
         wgmma=key == (9, 0),  # sm_90a only; Blackwell uses tcgen05 instead
-        thread_block_clusters=key >= (9, 0),
     )
