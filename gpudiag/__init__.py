@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Workload": ("gpudiag.step", "Workload"),
     "Fix": ("gpudiag.fixes", "Fix"),
     "compare": ("gpudiag.trials", "compare"),
-    "Comparison": ("gpudiag.experiment.compare", "Comparison"),
+    "Comparison": ("gpudiag.experiment.comparison", "Comparison"),
     "Recipe": ("gpudiag.recipe", "Recipe"),
     "diagnose": ("gpudiag.doctor", "diagnose"),
     "Diagnosis": ("gpudiag.rules", "Diagnosis"),
@@ -179,7 +179,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.errors import ViewError as ViewError
     from gpudiag.errors import WorkloadError as WorkloadError
     from gpudiag.errors import WorkloadSpecError as WorkloadSpecError
-    from gpudiag.experiment.compare import Comparison as Comparison
+    from gpudiag.experiment.comparison import Comparison as Comparison
     from gpudiag.experiment.estimate import estimate_memory as estimate_memory
     from gpudiag.experiment.fit import FitResult as FitResult
     from gpudiag.experiment.fit import fit as fit

@@ -16,7 +16,7 @@ from typing import Any
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment import compare as protocol
 from gpudiag.experiment.arguments import check_compare
-from gpudiag.experiment.compare import ArmSpec, Comparison
+from gpudiag.experiment.comparison import ArmSpec, Comparison
 
 # The one-process protocol's options that the multi-rank trial takes as well.
 _SHARED = ("seed", "confidence", "tolerance", "progress")

@@ -41,3 +41,18 @@ def test_an_unknown_argument_is_a_gpudiag_error_in_one_process() -> None:
 def test_the_protocol_numbers_are_checked_before_the_ranks_start() -> None:
     with pytest.raises(gd.ArgumentError, match="min_rounds"):
         gd.compare("mlp", ["fsdp.wrap"], nproc=2, min_rounds=0)
+
+
+def test_the_experiment_package_names_what_trials_build_on() -> None:
+    from gpudiag import experiment
+    from gpudiag.analysis.verdict import VerdictPlan, judge
+    from gpudiag.experiment.comparison import ArmResult, Comparison
+    from gpudiag.experiment.runner import Arm
+
+    assert experiment.Arm is Arm
+    assert experiment.Comparison is Comparison
+    assert experiment.ArmResult is ArmResult
+    assert experiment.VerdictPlan is VerdictPlan
+    assert experiment.judge is judge
+    with pytest.raises(AttributeError, match="no attribute 'nowhere'"):
+        experiment.nowhere  # noqa: B018

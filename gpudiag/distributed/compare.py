@@ -37,7 +37,7 @@ from gpudiag.distributed.launch import torchrun
 from gpudiag.distributed.trial import CPU_MEMORY, DdpOptions
 from gpudiag.distributed.workload import check_picklable, spec_of
 from gpudiag.errors import DistributedError, WorkloadSpecError
-from gpudiag.experiment.compare import ArmResult, Comparison
+from gpudiag.experiment.comparison import ArmResult, Comparison
 from gpudiag.experiment.drift import StepTrace, compare_traces
 from gpudiag.experiment.memory import PeakMemory
 from gpudiag.fixes import Fix, Proof, ProofStatus

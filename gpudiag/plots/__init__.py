@@ -15,7 +15,7 @@ _FIGURES = {
     "gpudiag.bench.gemm.MatmulResult": "gpudiag.plots.bench:matmul_figure",
     "gpudiag.bench.memory.BandwidthResult": "gpudiag.plots.bench:bandwidth_figure",
     "gpudiag.bench.sdpa.AttentionResult": "gpudiag.plots.bench:attention_figure",
-    "gpudiag.experiment.compare.Comparison": "gpudiag.plots.compare:comparison_figure",
+    "gpudiag.experiment.comparison.Comparison": "gpudiag.plots.compare:comparison_figure",
     "gpudiag.experiment.fit.FitResult": "gpudiag.plots.memory:fit_figure",
     "gpudiag.experiment.memory_report.MemoryReport": "gpudiag.plots.memory:memory_report_figure",
     "gpudiag.experiment.plan.Plan": "gpudiag.plots.plan:plan_figure",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gpudiag._report import esc
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpudiag.experiment.compare import Comparison
+    from gpudiag.experiment.comparison import Comparison
 
 BASELINE_COLOR = "#bab0ac"
 _VERDICT_COLORS = {

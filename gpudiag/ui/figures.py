@@ -11,7 +11,7 @@ from typing import Any
 
 from gpudiag import _views
 
-_COMPARISON = ("gpudiag.experiment.compare", "Comparison")
+_COMPARISON = ("gpudiag.experiment.comparison", "Comparison")
 
 
 def figure_widget(figure: Any) -> Any:

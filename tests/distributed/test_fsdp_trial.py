@@ -15,7 +15,7 @@ from gpudiag.distributed.group import DistributedError
 from gpudiag.distributed.trial import run_rank
 from gpudiag.distributed.workload import WorkloadSpecError, build
 from gpudiag.errors import GpuDiagError
-from gpudiag.experiment.compare import MEMORY_KEEP
+from gpudiag.experiment.comparison import MEMORY_KEEP
 from gpudiag.experiment.trial import GlobalState
 
 
