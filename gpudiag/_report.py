@@ -64,6 +64,22 @@ def html_grid(header: Iterable[object], rows: Iterable[Iterable[object]]) -> str
     )
 
 
+# How a line below a result's table looks: the one palette of the HTML cards.
+LINE_STYLES = {
+    "plain": "",
+    "note": "opacity:.7",
+    "warning": "color:#b45309",
+    "error": "color:#b00",
+}
+
+
+def html_lines(lines: Iterable[object], kind: str = "plain", *, prefix: str = "") -> str:
+    """One ``<div>`` per line (escaped, after ``prefix``), styled as ``kind`` (LINE_STYLES)."""
+    style = LINE_STYLES[kind]
+    attr = f" style='{style}'" if style else ""
+    return "".join(f"<div{attr}>{esc(prefix)}{esc(line)}</div>" for line in lines)
+
+
 def card(title: str, inner_html: str, *, subtitle: str | None = None) -> str:
     """A bordered card; ``inner_html`` must already be escaped by the caller."""
     sub = f"<div style='opacity:.7'>{esc(subtitle)}</div>" if subtitle else ""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import card, esc, html_grid, html_lines, jsonable
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -201,7 +201,7 @@ class MatmulResult:
             f"<div style='opacity:.7'>{esc(d)} peak: {esc(p.source or p.reason)}</div>"
             for d, p in self.peaks.items()
         )
-        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
+        notes = html_lines(self.notes, "note")
         return card("Matmul ceiling", summary + detail + sources + notes, subtitle=self.device)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import card, html_grid, html_lines, jsonable
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -208,7 +208,7 @@ class AttentionResult:
             ("backend", "seq len", "forward ms", "backward ms", "peak memory", "status"),
             self._table(),
         )
-        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
+        notes = html_lines(self.notes, "note")
         subtitle = (
             f"{self.device} · {self.dtype} · batch {self.batch} · {self.heads} heads x "
             f"{self.head_dim} · {'causal' if self.causal else 'no mask'}"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
 from gpudiag.analysis.stats import Measurement, SpeedupEstimate
 from gpudiag.analysis.verdict import NOT_APPLIED, UNDECIDED, Judgement
 from gpudiag.errors import GpuDiagError
@@ -390,14 +390,10 @@ class Comparison:
                 ),
             ]
         )
-        extra = "".join(
-            f"<div>skipped {esc(label)}: {esc(why)}</div>" for label, why in self.skipped
-        )
-        extra += "".join(f"<div>{esc(line)}</div>" for line in self.evidence_lines())
-        extra += "".join(
-            f"<div style='color:#b45309'>WARNING: {esc(w)}</div>" for w in self.warnings()
-        )
-        extra += "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
+        extra = html_lines(f"skipped {label}: {why}" for label, why in self.skipped)
+        extra += html_lines(self.evidence_lines())
+        extra += html_lines(self.warnings(), "warning", prefix="WARNING: ")
+        extra += html_lines(self.notes, "note", prefix="note: ")
         return card(
             f"Comparison: {self.workload_description}",
             body + facts + extra,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
 from gpudiag.analysis.memory_estimate import MemoryEstimate, with_parallelism
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
@@ -143,7 +143,7 @@ class FitResult:
             ]
         )
         grid = html_grid(("option", "fixes", "peak", "", "from"), self._rows())
-        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
+        notes = html_lines(self.notes, "note")
         return card(f"What fits: {self.workload}", head + grid + notes)
 
 

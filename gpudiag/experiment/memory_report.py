@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
 from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate
 from gpudiag.experiment.runner import Arm
@@ -354,14 +354,8 @@ class MemoryReport:
             ]
         )
         grid = html_grid(("category at peak", "measured", "estimated"), self._rows())
-        oom = "".join(
-            f"<div style='color:#b00'>{esc(n)}</div>"
-            for n in (self.oom.explain() if self.oom else [])
-        )
-        notes = oom + "".join(
-            f"<div style='opacity:.7'>{esc(n)}</div>"
-            for n in (*self.explain_difference(), *self.notes)
-        )
+        oom = html_lines(self.oom.explain() if self.oom else [], "error")
+        notes = oom + html_lines((*self.explain_difference(), *self.notes), "note")
         return card(f"Memory: {self.workload}", head + grid + notes)
 
 

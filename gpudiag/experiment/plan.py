@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpudiag import _views
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
 from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
@@ -383,7 +383,7 @@ class Plan:
         if ruled:
             out += "<details><summary>ruled out</summary>"
             out += html_grid(("layout", "why"), ruled) + "</details>"
-        out += "".join(f"<div style='opacity:.7'>{esc(a)}</div>" for a in self.assumptions)
+        out += html_lines(self.assumptions, "note")
         return card("Parallelism plan", out, subtitle=self._head())
 
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from gpudiag._files import read_bytes
-from gpudiag._report import card, esc, html_grid, html_table
+from gpudiag._report import card, html_grid, html_lines, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, Observation, apply_fixes, check_conflicts
 from gpudiag.fixes.environment import nccl_refusal
@@ -532,7 +532,7 @@ class Recipe(BaseModel):
                 ("measured on", self.hardware or ""),
             ]
         )
-        notes = "".join(f"<div style='opacity:.7'>note: {esc(n)}</div>" for n in self.notes)
+        notes = html_lines(self.notes, "note", prefix="note: ")
         return card("gpudiag recipe", html_grid(("fix", "kind", "evidence"), rows) + facts + notes)
 
 
