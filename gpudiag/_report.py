@@ -7,7 +7,7 @@ import enum
 import html
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 
 def jsonable(value: Any) -> Any:
@@ -34,6 +34,18 @@ def jsonable(value: Any) -> Any:
     if callable(item):
         return jsonable(item())
     return str(value)
+
+
+class FieldsDict:
+    """A dataclass whose ``to_dict`` is its fields in order, each as :func:`jsonable` writes
+    it: the default for a result that only lists its fields (write ``to_dict`` by hand only
+    where it adds or leaves out something)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = dataclasses.fields(cast(Any, self))
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields}
 
 
 def esc(value: object) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import FieldsDict, card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.nccl import CollectiveResult
 from gpudiag.analysis.stragglers import RankTiming, Straggler, find_stragglers
 from gpudiag.distributed.group import RankEnv
@@ -232,14 +232,11 @@ def gather_evidence(
 
 
 @dataclass(frozen=True)
-class ExpectedBandwidth:
+class ExpectedBandwidth(FieldsDict):
     """What the links between the ranks should give as all-reduce bus bandwidth, or why unknown."""
 
     busbw_gbps: float | None
     basis: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"busbw_gbps": self.busbw_gbps, "basis": self.basis}
 
 
 def expected_bandwidth(ranks: Sequence[RankEvidence]) -> ExpectedBandwidth:

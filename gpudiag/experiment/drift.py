@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from gpudiag._report import jsonable
+from gpudiag._report import FieldsDict
 
 DriftStatus = Literal["ok", "large", "non-finite", "not measured"]
 
@@ -19,14 +19,11 @@ GRAD_NORM_DRIFT_LIMIT = 0.10
 
 
 @dataclass(frozen=True)
-class StepTrace:
+class StepTrace(FieldsDict):
     """Loss and gradient norm (before clipping) at each step of a seeded run from one state."""
 
     losses: tuple[float | None, ...] = ()  # None: the step returned no loss
     grad_norms: tuple[float | None, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable({"losses": self.losses, "grad_norms": self.grad_norms})
 
 
 def percent(fraction: float) -> str:
@@ -51,7 +48,7 @@ def _max_rel(base: Sequence[float | None], other: Sequence[float | None]) -> flo
 
 
 @dataclass(frozen=True)
-class Drift:
+class Drift(FieldsDict):
     """How far a fix moves the numbers: largest relative difference over the drift steps.
 
     ``loss_rel`` / ``grad_norm_rel``: max over steps of |fix - baseline| / |baseline|.
@@ -82,21 +79,6 @@ class Drift:
             parts.append(f"grad norm {percent(self.grad_norm_rel)}")
         text = ", ".join(parts) or "no numbers"
         return text if self.status == "ok" else f"{text} ({self.status.upper()})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "steps": self.steps,
-                "loss_rel": self.loss_rel,
-                "grad_norm_rel": self.grad_norm_rel,
-                "floor_loss_rel": self.floor_loss_rel,
-                "floor_grad_norm_rel": self.floor_grad_norm_rel,
-                "status": self.status,
-                "baseline": self.baseline,
-                "candidate": self.candidate,
-                "note": self.note,
-            }
-        )
 
 
 def not_measured(note: str) -> Drift:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag._report import jsonable
+from gpudiag._report import FieldsDict
 from gpudiag.probe import cuda
 from gpudiag.profiling.memory import allocator_events
 
@@ -30,7 +30,7 @@ CUDA_METHOD = "torch.cuda.max_memory_allocated (caching allocator peak)"
 
 
 @dataclass(frozen=True)
-class PeakMemory:
+class PeakMemory(FieldsDict):
     """Peak bytes of live tensors during one step; ``None`` with the reason when not measured."""
 
     peak_bytes: int | None  # GPU: allocator peak; CPU: peak above the start of the step
@@ -46,16 +46,6 @@ class PeakMemory:
         if self.peak_bytes is None:
             return f"not measured ({self.note or self.method})"
         return f"{self.peak_bytes / 2**20:,.1f} MiB"
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "peak_bytes": self.peak_bytes,
-                "above_start_bytes": self.above_start_bytes,
-                "method": self.method,
-                "note": self.note,
-            }
-        )
 
 
 def peak_of_running_sum(deltas: Iterable[tuple[float, int]]) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._report import FieldsDict
+
 
 @dataclass(frozen=True, slots=True)
-class MetricSpec:
+class MetricSpec(FieldsDict):
     """One metric: its key (units in the name), label, unit, and what it means.
 
     ``check`` is the command that shows the same number by hand, so a user can verify us.
@@ -22,17 +24,6 @@ class MetricSpec:
     # "gpu", "activity" (hardware counters), "derived", "host", "errors" (DCGM error counts)
     kind: str = "gpu"
     scale_max: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "label": self.label,
-            "unit": self.unit,
-            "description": self.description,
-            "check": self.check,
-            "kind": self.kind,
-            "scale_max": self.scale_max,
-        }
 
 
 def _m(*args: Any, **kwargs: Any) -> MetricSpec:
