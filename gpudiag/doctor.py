@@ -208,7 +208,7 @@ def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None)
     from gpudiag.probe import cuda
 
     step = _step_function(workload)
-    sync = cuda.synchronize if getattr(workload, "device_type", "cpu") == "cuda" else None
+    sync = cuda.synchronize if workload.device_type == "cuda" else None
     stage = "step time"
     report_progress(on_progress, stage, 0, steps + 1, "warm-up")
     times = []
@@ -267,7 +267,7 @@ def _step_function(workload: Any) -> Callable[[], Any]:
 
 
 def profile_workload(
-    workload: Any,
+    workload: Workload,
     steps: int = 3,
     trace_dir: str | None = None,
     on_progress: ProgressFn | None = None,
@@ -285,10 +285,10 @@ def profile_workload(
         return profile(step, steps=steps, warmup=1, trace_dir=tmp, progress=progress)
 
 
-def workload_source(workload: Any) -> str | None:
+def workload_source(workload: Workload) -> str | None:
     """The source of the module that defines the workload's model (or step), when readable."""
-    target = getattr(workload, "model", None)
-    obj: Any = type(target) if target is not None else getattr(workload, "step_fn", None)
+    target = workload.model
+    obj: Any = type(target) if target is not None else workload.step_fn
     if obj is None:
         return None
     module = _inspect.getmodule(obj)

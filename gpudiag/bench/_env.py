@@ -16,6 +16,7 @@ from gpudiag.probe.readings import Reading, Status, na, ok
 if TYPE_CHECKING:
     from gpudiag.probe.model import HostInfo
     from gpudiag.probe.system import SystemReport
+    from gpudiag.specs import GpuSpec
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -220,16 +221,11 @@ def last_level_cache_bytes(target: Target, system: SystemReport | None = None) -
 # --- peaks -----------------------------------------------------------------------------------
 
 
-def gpu_spec(target: Target) -> tuple[Any | None, str]:
+def gpu_spec(target: Target) -> tuple[GpuSpec | None, str]:
     """(GpuSpec or None, reason when None) for a CUDA target."""
-    try:
-        from gpudiag import specs
-    except ImportError:
-        return None, "the spec table (gpudiag.specs) is not installed"
-    try:
-        spec = specs.lookup_gpu(target.name)
-    except Exception as exc:  # an unknown board is a missing peak, not a failed benchmark
-        return None, f"{target.name!r} not in the spec table ({exc})"
+    from gpudiag import specs
+
+    spec = specs.lookup_gpu(target.name)
     if spec is None:
         return None, f"{target.name!r} is not in the spec table"
     return spec, ""
@@ -333,7 +329,7 @@ def peak_memory_gbps(target: Target) -> Reading[float]:
     spec, reason = gpu_spec(target)
     if spec is None:
         return na(Status.NOT_FOUND, reason, "specs")
-    value = getattr(spec, "memory_bandwidth_gbps", None)
+    value = spec.memory_bandwidth_gbps
     if not value:
         return na(Status.NOT_AVAILABLE, f"no memory bandwidth for {target.name}", "specs")
     return ok(float(value), f"specs: {target.name}")

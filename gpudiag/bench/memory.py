@@ -201,15 +201,15 @@ def _theoretical(target: _env.Target, kind: str, system: SystemReport | None) ->
     if not target.is_cuda:
         return na(Status.NOT_AVAILABLE, "no CUDA device: no host<->device link", "nvml")
     spec, _ = _env.gpu_spec(target)
-    c2c = getattr(spec, "c2c_bandwidth_gbps", None)
+    c2c = spec.c2c_bandwidth_gbps if spec is not None else None
     if c2c:  # GH200: host traffic takes NVLink-C2C; its PCIe link (gen 4 x1) is not the path
         return ok(float(c2c), "NVLink-C2C (spec table), one direction")
-    for gpu in getattr(system, "gpus", ()) or ():
-        if getattr(gpu.info, "cuda_index", None) == target.index:
+    for gpu in system.gpus if system is not None else ():
+        if gpu.info.cuda_index == target.index:
             gen, width = gpu.info.pcie.gen_max, gpu.info.pcie.width_max
             if gen.ok and width.ok:
                 return ok(
-                    pcie_bandwidth_gbps(int(gen.value), int(width.value)),
+                    pcie_bandwidth_gbps(int(gen.get(0)), int(width.get(0))),
                     f"PCIe gen {gen.value} x{width.value} (GPU's maximum link), one direction",
                 )
             return na(Status.NOT_AVAILABLE, "PCIe link not read", "nvml")

@@ -47,8 +47,7 @@ if TYPE_CHECKING:
 
 def _hardware(system: SystemReport | None, device_type: str) -> tuple[str, dict[str, Any]]:
     host = fix_system.host(system)
-    torch_info = getattr(host, "torch", None)
-    version = torch_info.version.get("?") if torch_info is not None else "?"
+    version = host.torch.version.get("?") if host is not None else "?"
     facts: dict[str, Any] = {"torch": version, "device_type": device_type}
     if device_type == "cuda":
         cc, name = fix_system.gpu_cc(system)
@@ -56,7 +55,7 @@ def _hardware(system: SystemReport | None, device_type: str) -> tuple[str, dict[
         return f"GPU {name} (compute capability {fix_system.cc_text(cc)}), torch {version}", facts
     cpu = host.cpu_model.get("unknown CPU") if host is not None else "unknown CPU"
     cores = host.logical_cores.get("?") if host is not None else "?"
-    instructions = bool(getattr(host, "cpu_bf16_instructions", False))
+    instructions = host is not None and host.cpu_bf16_instructions
     bf16 = " with bf16 instructions" if instructions else ""
     facts.update(cpu=cpu, logical_cores=cores, cpu_bf16_instructions=instructions)
     return f"CPU {cpu} ({cores} logical cores{bf16}), torch {version}", facts
@@ -67,8 +66,7 @@ def _available_bytes(system: SystemReport | None, device_type: str) -> int | Non
         info = cuda.mem_get_info()
         return None if info is None else info[0]
     host = fix_system.host(system)
-    reading = getattr(host, "memory_available_bytes", None)
-    return reading.get() if reading is not None else None
+    return host.memory_available_bytes.get() if host is not None else None
 
 
 def compare(

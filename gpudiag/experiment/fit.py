@@ -154,8 +154,7 @@ def default_budget(workload: Workload, system: SystemReport | None = None) -> tu
         if info is not None:
             return int(info[0]), "free on the GPU (torch.cuda.mem_get_info)"
     host = fix_system.host(system)
-    reading = getattr(host, "memory_available_bytes", None)
-    value = reading.get() if reading is not None else None
+    value = host.memory_available_bytes.get() if host is not None else None
     if value:
         return int(value), "host memory available"
     raise GpuDiagError("could not read the free memory here: pass memory_budget= (e.g. '8GiB')")

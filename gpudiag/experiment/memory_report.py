@@ -129,7 +129,7 @@ def other_processes(
     (None when the driver does not say). ``cuda_index`` None: every GPU of the report."""
     own = os.getpid() if own_pid is None else own_pid
     out = []
-    for gpu in getattr(system, "gpus", ()) or ():
+    for gpu in system.gpus if system is not None else ():
         if cuda_index is not None and gpu.info.cuda_index != cuda_index:
             continue
         for proc in gpu.state.processes.get(None) or ():

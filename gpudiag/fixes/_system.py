@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpudiag.specs import FEATURE_SINCE, has_feature
 
 if TYPE_CHECKING:
-    from gpudiag.probe.model import HostInfo
+    from gpudiag.probe.model import HostInfo, TorchInfo
     from gpudiag.probe.system import Gpu, SystemReport
 
 
@@ -47,6 +47,11 @@ def gpu_cc(system: SystemReport | None) -> tuple[tuple[int, int] | None, str]:
 
 def host(system: SystemReport | None) -> HostInfo | None:
     return system.host if system is not None else None
+
+
+def torch_info(system: SystemReport | None) -> TorchInfo | None:
+    """What the report read of torch (version, CUDA build, cuDNN); None without a report."""
+    return system.host.torch if system is not None else None
 
 
 def cpu_flags(system: SystemReport | None) -> tuple[str, ...]:

@@ -195,8 +195,8 @@ class AttentionBackend(FixSpec):
                 "try attention.backend=efficient",
             )
         if backend == "cudnn":
-            cudnn = getattr(getattr(_system.host(system), "torch", None), "cudnn_version", None)
-            version = cudnn.get() if cudnn is not None else None
+            torch_info = _system.torch_info(system)
+            version = torch_info.cudnn_version.get() if torch_info is not None else None
             if version is not None and int(version) < 90000:
                 return (
                     False,

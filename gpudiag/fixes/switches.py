@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from gpudiag.fixes import _system
 from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
 from gpudiag.fixes.spec import FixSpec, Step, register
 
@@ -40,10 +41,8 @@ class CudnnBenchmark(FixSpec):
     ) -> tuple[bool, str]:
         if device_type != "cuda":
             return False, "cuDNN runs only on NVIDIA GPUs: on the CPU the switch changes nothing"
-        torch_info = getattr(getattr(system, "host", None), "torch", None)
-        cudnn = getattr(torch_info, "cudnn_version", None)
-        cuda_build = getattr(torch_info, "cuda_build", None)
-        if cudnn is not None and not cudnn.ok and cuda_build is not None and cuda_build.ok:
+        torch_info = _system.torch_info(system)
+        if torch_info is not None and not torch_info.cudnn_version.ok and torch_info.cuda_build.ok:
             return False, "this torch build reports no cuDNN"
         return True, ""
 

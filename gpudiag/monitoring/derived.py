@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from gpudiag.probe.model import GpuInfo
 
@@ -41,15 +40,11 @@ def peak_memory_bandwidth(info: GpuInfo) -> tuple[float | None, str]:
     """
     name = info.name.get()
     if name:
-        try:
-            from gpudiag import specs
+        from gpudiag import specs
 
-            spec: Any = specs.lookup_gpu(str(name))
-        except Exception:  # the spec table is optional here
-            spec = None
-        value = getattr(spec, "memory_bandwidth_gbps", None) if spec is not None else None
-        if isinstance(value, (int, float)) and value > 0:
-            return float(value), f"spec table ({getattr(spec, 'name', name)})"
+        spec = specs.lookup_gpu(str(name))
+        if spec is not None and spec.memory_bandwidth_gbps > 0:
+            return float(spec.memory_bandwidth_gbps), f"spec table ({spec.name})"
     clock = info.max_memory_clock_mhz.get()
     width = info.memory_bus_width_bits.get()
     if clock and width:

@@ -47,12 +47,9 @@ def enrich_from_specs(info: GpuInfo) -> GpuInfo:
     the spec table, marking their source as "specs"; values that were read stay as they are."""
     if not info.name.ok:
         return info
-    try:
-        from gpudiag import specs
+    from gpudiag import specs
 
-        spec = specs.lookup_gpu(str(info.name.value))
-    except Exception:  # the spec table is a convenience here, never a failure
-        spec = None
+    spec = specs.lookup_gpu(str(info.name.value))
     if spec is None:
         return info
     updates: dict[str, Any] = {}
