@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._values import arg_float, arg_int
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.experiment.comparison import Comparison
+    from gpudiag.fixes import Fix
+    from gpudiag.step import Workload
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -84,7 +89,7 @@ def add_step_timeout(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def with_step_timeout(workload: Any, seconds: float | None) -> Any:
+def with_step_timeout(workload: Workload, seconds: float | None) -> Workload:
     """``workload`` with its step limit set to ``seconds`` (a copy; None: as it is)."""
     if seconds is None:
         return workload
@@ -111,18 +116,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_protocol_arguments(parser)
 
 
-def arm_specs(fixes: list[str]) -> list[Any]:
+def arm_specs(fixes: list[str]) -> list[Fix | list[Fix]]:
     """``a+b`` is one arm with both fixes."""
     from gpudiag.fixes import Fix
 
-    out: list[Any] = []
+    out: list[Fix | list[Fix]] = []
     for text in fixes:
         parts = [p for p in text.split("+") if p.strip()]
         out.append([Fix.parse(p) for p in parts] if len(parts) > 1 else Fix.parse(text))
     return out
 
 
-def run_comparison(workload: Any, args: argparse.Namespace, *, progress: bool) -> Any:
+def run_comparison(workload: Workload, args: argparse.Namespace, *, progress: bool) -> Comparison:
     from gpudiag.experiment.compare import compare
 
     if not args.fix:
@@ -142,7 +147,7 @@ def run_comparison(workload: Any, args: argparse.Namespace, *, progress: bool) -
     )
 
 
-def finish(result: Any, args: argparse.Namespace) -> None:
+def finish(result: Comparison, args: argparse.Namespace) -> None:
     if args.recipe:
         path = result.recipe().save(args.recipe)
         if not args.json:

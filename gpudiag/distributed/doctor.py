@@ -30,6 +30,7 @@ from gpudiag.units import format_bytes
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
+    from gpudiag.step import Workload
 
 FORMAT = "gpudiag-distributed-doctor"
 # Variables that change how NCCL / gloo / torch.distributed communicate.
@@ -147,7 +148,7 @@ def gpu_facts(local_rank: int, system: SystemReport | None = None) -> dict[str, 
     }
 
 
-def time_local_steps(workload: Any, steps: int, *, warmup: int = 1) -> list[float]:
+def time_local_steps(workload: Workload, steps: int, *, warmup: int = 1) -> list[float]:
     """Seconds per training step of ``workload`` run by this process alone (no collectives)."""
     from gpudiag.step import Step
 
@@ -165,7 +166,7 @@ def time_local_steps(workload: Any, steps: int, *, warmup: int = 1) -> list[floa
     return times
 
 
-def profile_one_step(workload: Any, top: int = 5) -> list[tuple[str, float]]:
+def profile_one_step(workload: Workload, top: int = 5) -> list[tuple[str, float]]:
     """The ops with the most self time in one training step (torch.profiler), in ms."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -14,10 +14,13 @@ import contextlib
 import io
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag.commands.compare import add_protocol_arguments, finish, parse_overrides, run_comparison
 from gpudiag.errors import GpuDiagError
+
+if TYPE_CHECKING:
+    from gpudiag.step import Workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +88,7 @@ def _bindings_restored(names: set[str], namespace: dict[str, Any]) -> Iterator[N
 
 def cell_workload(
     cell: str, namespace: dict[str, Any], *, each_run_restored: bool = False, magic: str = "compare"
-) -> tuple[Any, set[str]]:
+) -> tuple[Workload, set[str]]:
     """A step-function workload that runs the cell; its modules and optimizers are protected.
 
     ``each_run_restored``: every run of the cell puts the notebook's variables back and keeps

@@ -7,9 +7,12 @@ IPython so that a ``Comparison`` shown in a notebook carries its figure.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+
+if TYPE_CHECKING:
+    from gpudiag.experiment.comparison import Comparison
 
 _COMPARISON = ("gpudiag.experiment.comparison", "Comparison")
 
@@ -21,7 +24,7 @@ def figure_widget(figure: Any) -> Any:
     return go.FigureWidget(figure)
 
 
-def comparison_view(comparison: Any) -> Any:
+def comparison_view(comparison: Comparison) -> Any:
     """The comparison figure (step-time distributions, speedup with its interval, peak memory)
     above the comparison's table; where widgets cannot be drawn (a terminal, nbconvert, a
     static page), the comparison's text and table."""
@@ -45,7 +48,7 @@ def comparison_view(comparison: Any) -> Any:
     )
 
 
-def _comparison_bundle(comparison: Any) -> dict[str, Any]:
+def _comparison_bundle(comparison: Comparison) -> dict[str, Any]:
     bundle: dict[str, Any] = comparison_view(comparison)._repr_mimebundle_()
     return bundle
 
