@@ -43,9 +43,8 @@ def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
     except GpuDiagError as exc:
         return TrialOutcome(f"not measured: {exc}", False)
     if arm.verdict == "not applied":
-        return TrialOutcome(
-            f"could not be applied live: {arm.not_applied_reason}", False, arm.verdict
-        )
+        # The reason alone: the card's mark already says "could not be applied live".
+        return TrialOutcome(str(arm.not_applied_reason), False, arm.verdict)
     if arm.error is not None or arm.verdict is None or arm.speedup is None:
         return TrialOutcome(f"{arm.label} failed: {arm.error or 'not measured'}", False)
     helped = any(a.label == arm.label for a in result.kept())
