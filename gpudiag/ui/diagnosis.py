@@ -61,6 +61,11 @@ def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
     return TrialOutcome(text, helped, arm.verdict, retracts)
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 finding"``, ``"2 findings"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class DiagnosisView(TextFallback, widgets.VBox):
     """Findings of a ``Diagnosis``, full width; a finding whose fix can be tried gets a "Try it"
     button, and the comparison appears below the finding.
@@ -92,7 +97,7 @@ class DiagnosisView(TextFallback, widgets.VBox):
             else ""
         )
         header = widgets.HTML(
-            f"<b>gpudiag diagnose</b>: {len(diagnosis.findings)} findings "
+            f"<b>gpudiag diagnose</b>: {_count(len(diagnosis.findings), 'finding')} "
             f"({esc(', '.join(diagnosis.sources) or 'no evidence')}){step_time}",
             layout=_FULL,
         )

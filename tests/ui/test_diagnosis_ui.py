@@ -32,8 +32,15 @@ def _diagnosis(workload: Any) -> Diagnosis:
 
 def test_only_fixable_findings_get_a_button() -> None:
     view = DiagnosisView(_diagnosis(workload=object()))
+    assert ": 2 findings (" in view.children[0].value
     assert [b.description for b in view.buttons] == ["Try precision.bf16"]
     assert not view.buttons[0].disabled
+
+
+def test_the_header_counts_one_finding_in_the_singular() -> None:
+    diagnosis = _diagnosis(workload=object())
+    one = Diagnosis(diagnosis.findings[:1], (), (), ("trace",), workload=object())
+    assert ": 1 finding (trace)" in DiagnosisView(one).children[0].value
 
 
 def test_clicking_runs_the_fix_and_shows_the_result(monkeypatch: Any) -> None:
