@@ -43,9 +43,8 @@ def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
     except GpuDiagError as exc:
         return TrialOutcome(f"not measured: {exc}", False)
     if arm.verdict == "not applied":
-        return TrialOutcome(
-            f"could not be applied live: {arm.not_applied_reason}", False, arm.verdict
-        )
+        # The reason alone: the card's mark already says "could not be applied live".
+        return TrialOutcome(str(arm.not_applied_reason), False, arm.verdict)
     if arm.error is not None or arm.verdict is None or arm.speedup is None:
         return TrialOutcome(f"{arm.label} failed: {arm.error or 'not measured'}", False)
     helped = any(a.label == arm.label for a in result.kept())
@@ -60,6 +59,11 @@ def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
         text += f", peak memory {saving:.0%} lower"
     retracts = not helped and arm.verdict in _DID_NOT_HELP
     return TrialOutcome(text, helped, arm.verdict, retracts)
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 finding"``, ``"2 findings"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class DiagnosisView(TextFallback, widgets.VBox):
@@ -93,7 +97,7 @@ class DiagnosisView(TextFallback, widgets.VBox):
             else ""
         )
         header = widgets.HTML(
-            f"<b>gpudiag diagnose</b>: {len(diagnosis.findings)} findings "
+            f"<b>gpudiag diagnose</b>: {_count(len(diagnosis.findings), 'finding')} "
             f"({esc(', '.join(diagnosis.sources) or 'no evidence')}){step_time}",
             layout=_FULL,
         )

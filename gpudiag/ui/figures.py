@@ -39,13 +39,21 @@ def comparison_view(comparison: Comparison) -> Any:
         def fallback_html(self) -> str:
             return str(comparison._repr_html_())
 
+    table = widgets.HTML(comparison._repr_html_(), layout=widgets.Layout(width="100%"))
+    if not _timed(comparison):
+        # Every fix was not applied (attention written by hand, say): no arm was timed, and
+        # the figure would be two empty panels. The table says why.
+        return ComparisonView([table], layout=widgets.Layout(width="100%"))
     return ComparisonView(
-        [
-            figure_widget(_views.build("figure", comparison)),
-            widgets.HTML(comparison._repr_html_(), layout=widgets.Layout(width="100%")),
-        ],
+        [figure_widget(_views.build("figure", comparison)), table],
         layout=widgets.Layout(width="100%"),
     )
+
+
+def _timed(comparison: Comparison) -> bool:
+    """Whether any arm of ``comparison`` has step times to draw."""
+    arms = [comparison.baseline, *comparison.arms]
+    return any(arm.step_time.samples_s for arm in arms)
 
 
 def _comparison_bundle(comparison: Comparison) -> dict[str, Any]:

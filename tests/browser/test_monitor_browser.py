@@ -353,3 +353,76 @@ def test_monitor_summary_after_stop_is_short(lab: dict[str, Any], browser: Any) 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     card.screenshot(path=str(ARTIFACTS / "monitor-summary.png"))
     page.close()
+
+
+# A newcomer's own model with attention written by hand, diagnosed with the finding the trace
+# gives it (the rule's judgement under a loaded run is tested in tests/rules); the Try button's
+# trial is run for real: attention.backend cannot reach the model and must say so.
+HAND_ATTENTION_CELL = """\
+import math
+import torch
+from torch import nn
+from gpudiag.magics.doctor import doctor_view
+from gpudiag.rules.engine import Diagnosis
+from gpudiag.rules.finding import Finding, FixRef, Severity
+import gpudiag as gd
+torch.set_num_threads(1)
+
+class Attention(nn.Module):
+    def __init__(self, d=32, heads=2):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.size(-1))), dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+model = nn.Sequential(Attention(), Attention())
+wl = gd.Workload(model, batch=lambda n: torch.randn(n, 16, 32),
+                 loss=lambda m, b: m(b).square().mean(),
+                 optimizer=lambda p: torch.optim.SGD(p, lr=0.01), batch_size=4)
+finding = Finding("attention.eager", Severity.MEDIUM, "attention",
+                  "hand-written attention (softmax between two matmuls)",
+                  fix=FixRef("attention.backend"),
+                  instruction="call torch.nn.functional.scaled_dot_product_attention instead")
+doctor_view(Diagnosis((finding,), (), (), ("trace",), workload=wl), time_budget_s=10.0)
+"""
+
+
+def test_try_on_hand_written_attention_says_not_applied(lab: dict[str, Any], browser: Any) -> None:
+    """Try attention.backend on attention written by hand: the card says once that it could
+    not be applied live, with the change to make by hand, keeps the finding's advice, and the
+    comparison below is its table (no empty figure, no faster/slower/no difference)."""
+    page = run_notebook(lab, browser, "hand_attention.ipynb", HAND_ATTENTION_CELL)
+    page.wait_for_selector(".gpudiag-finding", timeout=120_000)
+    page.locator("button.widget-button", has_text="Try attention.backend").first.click()
+    page.wait_for_selector(".gpudiag-trial", timeout=180_000)
+    banner = page.locator(".gpudiag-trial").inner_text()
+    assert banner.startswith("tried, could not be applied live"), banner
+    assert banner.count("could not be applied live") == 1, banner
+    assert "scaled_dot_product_attention" in banner
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.widget-output')]"
+        ".some(o => o.innerText.includes('not applied'))",
+        timeout=60_000,
+    )
+    output = page.locator(".widget-output", has_text="not applied").first
+    row = output.locator("tr", has_text="attention.backend").first.inner_text()
+    assert "not applied" in row, row
+    assert not re_verdict(row), row
+    assert output.locator(".js-plotly-plot").count() == 0  # nothing was timed: no empty panels
+    card = page.locator(".gpudiag-finding").first.inner_text()
+    assert "scaled_dot_product_attention instead" in card  # the finding's own advice stays
+    assert "did not help" not in page.locator(".jp-OutputArea").first.inner_text()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "try-hand-written-attention.png"), full_page=True)
+    page.close()
+
+
+def re_verdict(text: str) -> bool:
+    """Whether ``text`` gives a timed verdict (a fix not applied must never get one)."""
+    import re
+
+    return re.search(r"\b(faster|slower|no significant difference)\b", text) is not None

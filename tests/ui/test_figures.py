@@ -58,6 +58,35 @@ def test_the_comparison_figure_escapes_what_the_user_named(fake_clock: Any, bf16
     assert list(speedup.x) == pytest.approx([2.0])
 
 
+def test_a_comparison_that_timed_nothing_shows_its_table_without_empty_panels(
+    fake_clock: Any, bf16_cpu: Any
+) -> None:
+    """Attention written by hand: attention.backend is not applied and no arm is timed. The
+    view used to draw two empty panels (step times, speedup) above the table."""
+    from gpudiag.ui.figures import comparison_view
+
+    def step() -> float:
+        q = torch.ones(1, 2, 4, 8)
+        torch.softmax(q @ q.transpose(-2, -1), -1) @ q
+        fake_clock.advance(0.01)
+        return 1.0
+
+    comparison = compare(
+        Workload.from_step(step, name="hand"),
+        ["attention.backend"],
+        system=bf16_cpu,
+        clock=fake_clock,
+        progress=False,
+        measure_memory=False,
+        steps_per_sample=1,
+    )
+    assert comparison.arms[0].verdict == "not applied"
+    view = comparison_view(comparison)
+    (table,) = view.children
+    assert "not applied" in table.value
+    assert "scaled_dot_product_attention" in table.value
+
+
 def test_a_gpu_trace_shows_its_time_ledger(fixtures_dir: Path) -> None:
     # The doctor card opens with where the step's time goes: the time ledger, largest row on
     # top (before issue 21: the GPU time breakdown's one stacked bar).
