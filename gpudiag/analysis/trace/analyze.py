@@ -561,11 +561,17 @@ def analyze_trace(
         _progress.finish(on_progress, "ranks")
     headers = [header for header, _ in results]
     ranks, notes = _assign_ranks(headers)
-    reports = [
-        dataclasses.replace(report, rank=rank)
-        for (_, report), rank in zip(results, ranks, strict=True)
-    ]
+    reports = [_with_rank(report, rank) for (_, report), rank in zip(results, ranks, strict=True)]
     return _combined(headers, ranks, reports, notes)
+
+
+def _with_rank(report: RankReport, rank: int) -> RankReport:
+    """A report analysed before the ranks were known (rank -1), given its rank: its ledger's
+    too."""
+    ledger = report.ledger
+    if ledger is not None:
+        ledger = dataclasses.replace(ledger, rank=rank)
+    return dataclasses.replace(report, rank=rank, ledger=ledger)
 
 
 def _in_processes(
