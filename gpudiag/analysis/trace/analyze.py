@@ -126,7 +126,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     sync_ids = np.array(
         [i for i, n in enumerate(ev.names) if n in SYNC_RUNTIME_NAMES], dtype=np.int32
     )
-    sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, sync_ids))
+    sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & ev.name_in(sync_ids))
     nesting = nest(ev, np.concatenate((all_launch[all_launch >= 0], sync_calls)))
     # The analyses run in an order that frees each big intermediate as soon as the last one
     # reading it is done (a multi-GB trace's rank holds millions of rows): the results do not
@@ -295,7 +295,7 @@ def kernels_not_recorded(trace: RankTrace) -> str | None:
     if (ev.kind == Kind.KERNEL).any():
         return None
     ids = np.array([i for i, n in enumerate(ev.names) if n in LAUNCH_RUNTIME_NAMES], dtype=np.int32)
-    launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, ids)))
+    launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & ev.name_in(ids)))
     if launches < MISSING_KERNELS_MIN_LAUNCHES:
         return None
     gpus = f"{len(trace.devices)} GPUs listed in deviceProperties, " if trace.devices else ""

@@ -49,6 +49,7 @@ from gpudiag.analysis.trace.model import (
     LaunchTable,
     OpInputs,
     RankTrace,
+    member_of,
 )
 from gpudiag.analysis.trace.schema import (
     DIM_ARGS,
@@ -505,8 +506,10 @@ class _Columns:
         self.dur = array("d")
         self.row = {f.name: _Column(f.is_float) for f in ROW_FIELDS}
         self.launch = {f.name: array("d" if f.is_float else "q") for f in LAUNCH_FIELDS}
-        self.flags = bytearray()  # name id -> _KEEP_* bits
-        self.names = _Ids(lambda name: self.flags.append(_name_flags(name)))
+        flags = self.flags = bytearray()  # name id -> _KEEP_* bits
+        # Not a method of self: a cycle would keep every column of the load alive after
+        # ``freeze`` until the garbage collector happened to run.
+        self.names = _Ids(lambda name: flags.append(_name_flags(name)))
         self.threads = _Ids()
         self.kind_of: dict[str, int] = {c: int(k) for c, k in KIND_OF_CATEGORY.items()}
         self.kind_of.update(dict.fromkeys(IGNORED_CATEGORIES, _DROPPED))
@@ -702,13 +705,13 @@ class _Columns:
             block=tuple(self.block),
             columns=launch_columns,
         )
-        kind = np_of(self.kind, np.int8).copy()
+        kind = np_of(self.kind, np.int8)  # writable: this object is dropped after freezing
         step_ids = [i for n, i in self.names.items() if n.startswith(STEP_PREFIX)]
         name_col = np_of(self.name, np.int32)
         if step_ids:
             # ProfilerStep#N is a user_annotation in new traces, an "Operator" in old ones.
-            host = np.isin(kind, np.array([Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER], np.int8))
-            kind[host & np.isin(name_col, np.array(step_ids, np.int32))] = Kind.STEP
+            host = member_of(kind.view(np.uint8), (Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER), 256)
+            kind[host & member_of(name_col, step_ids, len(self.names))] = Kind.STEP
         columns = {f.name: self.row[f.name].freeze() for f in ROW_FIELDS}
         return Events(
             kind=kind,
@@ -717,16 +720,15 @@ class _Columns:
             ts=np_of(self.ts, np.float64),
             dur=np_of(self.dur, np.float64),
             correlation=columns["correlation"],
-            external_id=columns["external_id"],
             stream=columns["stream"],
             device=columns["device"],
             extra=self.extra.freeze(),
             names=tuple(self.names),
             threads=tuple((str(p), str(t)) for p, t in self.threads),
             launches=launches,
-            stacks=dict(self.stacks),
-            inputs=dict(self.inputs),
-            comm_args=dict(self.comm_args),
+            stacks=self.stacks,
+            inputs=self.inputs,
+            comm_args=self.comm_args,
             columns=columns,
         )
 
@@ -761,7 +763,7 @@ def _append(column: array[Any], values: np.ndarray) -> None:
 
 
 def _isin(values: np.ndarray, kinds: Iterable[Kind]) -> np.ndarray:
-    return np.isin(values, np.array([int(k) for k in kinds], np.int8))
+    return member_of(values.view(np.uint8), kinds, 256)
 
 
 def _product(dims: tuple[int, ...] | None) -> int:

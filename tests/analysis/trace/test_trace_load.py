@@ -35,13 +35,13 @@ def test_load_counts_complete_events_by_kind(traces_dir: Path) -> None:
 
 
 def test_load_reads_2021_spellings(traces_dir: Path) -> None:
-    """The kineto samples say Operator/Runtime/Kernel/Memcpy and 'external id', tid 'stream 7'."""
+    """The kineto samples say Operator/Runtime/Kernel/Memcpy, tid 'stream 7'."""
     trace = load_trace(traces_dir / RESNET_NW0)
     ev = trace.events
     kernels = np.flatnonzero(ev.kind == Kind.KERNEL)
     assert kernels.size == 8772
     assert set(ev.stream[kernels].tolist()) == {7}
-    assert (ev.external_id[kernels] >= 0).all()
+    assert (ev.correlation[kernels] >= 0).all()
     steps = [ev.names[i] for i in ev.name[ev.kind == Kind.STEP]]
     assert len(steps) == 6
     assert all(s.startswith("ProfilerStep#") for s in steps)
@@ -66,7 +66,7 @@ def test_load_in_small_blocks_gives_the_same_events(
     monkeypatch.setattr(load, "BLOCK_BYTES", block_bytes)
     blocks = load_trace(traces_dir / A100_CONTROL).events
     assert len(blocks) == len(whole)
-    for column in ("kind", "ts", "dur", "correlation", "external_id", "stream", "extra"):
+    for column in ("kind", "ts", "dur", "correlation", "stream", "device", "extra"):
         assert np.array_equal(getattr(blocks, column), getattr(whole, column)), column
     assert blocks.names == whole.names
 
