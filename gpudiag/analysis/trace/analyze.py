@@ -142,15 +142,43 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     step_list = step_reports(ev, steps, g_all, n_steps_in_window)
     busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     del g_all
+    collectives, collective_notes = rank_collectives(
+        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
+    )
+    blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
+    syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
+    del busy, blocking_copies
+    warm = spans(ev, warmup_rows(ev))
+    if warm[0].size:
+        syncs = tuple(
+            dataclasses.replace(s, during_warmup=True)
+            if inside(warm, s.start_us, s.start_us + s.duration_us)
+            else s
+            for s in syncs
+        )
 
     in_win = window.gpu[all_gpu]
     win_rows = all_gpu[in_win]
     win_launch = all_launch[in_win]
-    g_win = gpu_rows(ev, win_rows, all_cats[in_win], all_launch_ts[in_win])
-    del all_launch_ts
+    win_cats = all_cats[in_win]
+    any_launch = bool((all_launch >= 0).any())
+    g_win = gpu_rows(ev, win_rows, win_cats, all_launch_ts[in_win])
+    del all_launch_ts, all_gpu, all_launch, all_cats, in_win
 
     breakdown = temporal(g_win) if win_rows.size else None
-    cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
+    launches = (
+        launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
+        if breakdown is not None
+        else None
+    )
+    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
+    overlap = comm_compute_overlap(g_win) if win_rows.size else None
+    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
+    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
+    del g_win
+
+    cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, win_cats)
+    del win_cats
     op_rows = np.where(win_launch >= 0, nesting.parent_op[np.clip(win_launch, 0, None)], -1)
     op_names = _op_names(ev, op_rows)
     op_dtypes = _op_dtypes(ev, op_rows)
@@ -169,21 +197,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         attention_rows=attention.matmul_rows,
     )
     del cols, op_rows
-    launches = (
-        launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
-        if breakdown is not None
-        else None
-    )
-    blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
-    syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
-    warm = spans(ev, warmup_rows(ev))
-    if warm[0].size:
-        syncs = tuple(
-            dataclasses.replace(s, during_warmup=True)
-            if inside(warm, s.start_us, s.start_us + s.duration_us)
-            else s
-            for s in syncs
-        )
     ledger = build_ledger(
         LedgerInput(
             events=ev,
@@ -197,12 +210,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             rank=rank,
         )
     )
-    del nesting, busy, op_dtypes
-    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
-    overlap = comm_compute_overlap(g_win) if win_rows.size else None
-    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
-    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
-    del g_win
+    del nesting, op_dtypes
 
     missing = kernels_not_recorded(trace)
     if missing is not None:
@@ -220,7 +228,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             "comparisons are not available (they need the GPU's SM count and compute "
             "capability)."
         )
-    if has_gpu and not (all_launch >= 0).any():
+    if has_gpu and not any_launch:
         notes.append(
             "no GPU event can be tied to the CUDA runtime call that launched it (no "
             "cuda_runtime events or correlation ids): host-wait idle time, launch delays and "
@@ -248,9 +256,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
 
-    collectives, collective_notes = rank_collectives(
-        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
-    )
     return RankReport(
         rank=rank,
         path=trace.path,

@@ -473,25 +473,38 @@ _DUR = attrgetter("dur")
 _ARGS = attrgetter("args")
 
 
+# Integer widths a column may take, narrowest first, with the range each holds.
+_WIDTHS: tuple[tuple[str, Any, int, int], ...] = (
+    ("h", np.int16, -(1 << 15), (1 << 15) - 1),
+    ("i", np.int32, I32_MIN, I32_MAX),
+    ("q", np.int64, I64_MIN, I64_MAX),
+)
+_DTYPE_OF = {"d": np.float64, "h": np.int16, "i": np.int32, "q": np.int64}
+
+
 class _Column:
-    """A growing column of numbers. Integers are kept as int32 while every value fits (ids,
-    streams and row numbers of real traces do: 4 bytes a row saved on each) and become int64
-    at the first value that does not; floats are float64."""
+    """A growing column of numbers. Integers are kept as narrow as every value allows (int16
+    for stream and device ids, int32 for correlation ids and row numbers of real traces: on
+    a multi-GB trace each byte is millions) and widen at the first value that does not fit;
+    floats are float64."""
 
     def __init__(self, is_float: bool = False) -> None:
-        self.values = array("d" if is_float else "i")
+        self.values = array("d" if is_float else "h")
 
     def extend(self, values: np.ndarray) -> None:
-        narrow = self.values.typecode == "i" and values.size
-        if narrow and (values.min() < I32_MIN or values.max() > I32_MAX):
-            wide = array("q")
-            _append(wide, np.frombuffer(self.values, np.int32).astype(np.int64))
-            self.values = wide
-        dtype = {"d": np.float64, "i": np.int32, "q": np.int64}[self.values.typecode]
+        code = self.values.typecode
+        if code != "d" and code != "q" and values.size:
+            lo, hi = int(values.min()), int(values.max())
+            wide = next(w for w in _WIDTHS if w[2] <= lo and hi <= w[3])
+            if _WIDTHS.index(wide) > [w[0] for w in _WIDTHS].index(code):
+                widened = array(wide[0])
+                _append(widened, np.frombuffer(self.values, _DTYPE_OF[code]).astype(wide[1]))
+                self.values = widened
+        dtype = _DTYPE_OF[self.values.typecode]
         _append(self.values, values.astype(dtype, copy=False))
 
     def freeze(self) -> np.ndarray:
-        dtype = {"d": np.float64, "i": np.int32, "q": np.int64}[self.values.typecode]
+        dtype = _DTYPE_OF[self.values.typecode]
         return np.frombuffer(self.values, dtype) if len(self.values) else np.zeros(0, dtype)
 
 

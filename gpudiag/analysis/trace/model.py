@@ -16,9 +16,9 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 I8 = npt.NDArray[np.int8]
-# Ids and row numbers as the loader keeps them: int32 while every value of the column fits,
-# else int64.
-Ids = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+# Ids and row numbers as the loader keeps them: the narrowest of int16, int32 and int64 that
+# every value of the column fits.
+Ids = npt.NDArray[np.int16] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Bool = npt.NDArray[np.bool_]
 
 
