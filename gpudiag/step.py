@@ -77,6 +77,43 @@ def split_batch(batch: Any, parts: int) -> list[Any] | None:
     return [cut(batch, i) for i in range(parts)]
 
 
+def leading_size(batch: Any) -> int | None:
+    """The leading dimension of the first tensor in a (nested) batch: its samples."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, (list, tuple)) or isinstance(batch, Mapping):
+        for item in values:
+            size = leading_size(item)
+            if size is not None:
+                return size
+    return None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What the last step ran: its micro-batches' sizes (samples each) and whether an
+    optimizer step followed."""
+
+    micro_batches: tuple[int | None, ...]
+    optimizer_step: bool
+
+    @property
+    def samples(self) -> int | None:
+        if any(size is None for size in self.micro_batches):
+            return None
+        return sum(size for size in self.micro_batches if size is not None)
+
+    def __str__(self) -> str:
+        sizes = sorted({s for s in self.micro_batches if s is not None})
+        each = "/".join(map(str, sizes)) if sizes else "?"
+        return f"{len(self.micro_batches)} micro-batch(es) of {each} sample(s) per " + (
+            "optimizer step" if self.optimizer_step else "step (no optimizer)"
+        )
+
+
 def default_loss(model: Any, batch: Any) -> Any:
     """``model(batch)`` (dicts as keyword arguments, tuples as positional ones), then its loss.
 
@@ -422,6 +459,11 @@ class Step:
     # Keep the step's loss (a detached tensor, summed over micro-batches) in ``last_loss``.
     keep_loss: bool = False
     last_loss: Any = field(default=None, repr=False)
+    # What the last step of gpudiag's own step ran (None for a step function).
+    last_run: StepRecord | None = field(default=None, repr=False)
+    # What the fixes keep between calls of their hooks on this step (a GradScaler, the
+    # wrappers they installed, whose counters prove the fix ran): fix id -> value.
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
     _batches: Iterator[list[Any]] | None = field(default=None, repr=False)
     _micro_loader: Any = field(default=None, repr=False)
 
@@ -552,6 +594,9 @@ class Step:
             losses.append(loss.detach())
         if self.keep_loss:
             self.last_loss = sum(losses[1:], losses[0])
+        self.last_run = StepRecord(
+            tuple(leading_size(b) for b in micro_batches), optimizer_step=opt is not None
+        )
         norm = None
         if record:
             if scaler is not None and opt is not None:

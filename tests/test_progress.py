@@ -85,10 +85,10 @@ def test_compare_reports_rounds_and_finishes_before_the_round_limit(
         min_rounds=5,
         max_rounds=100,
     )
-    assert c.rounds == 6  # the verdict is clear long before 100 rounds
+    assert c.rounds == 9  # clear at the first planned look, long before 100 rounds
     rounds = [e for e in events if e[0] == "compare"]
     assert rounds[0] == ("compare", 0, 100, False)
-    assert [e[1] for e in rounds[1:-1]] == [1, 2, 3, 4, 5, 6]
+    assert [e[1] for e in rounds[1:-1]] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     assert rounds[-1] == ("compare", 0, 0, True)
     assert events[-1] == rounds[-1]
 

@@ -5,64 +5,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
-from gpudiag._report import jsonable
 from gpudiag.analysis.measurement import SPREAD_WARNING as SPREAD_WARNING
 from gpudiag.analysis.measurement import Measurement as Measurement
+from gpudiag.analysis.verdict import (
+    FASTER,
+    NO_DIFFERENCE,
+    SLOWER,
+    UNDECIDED,
+    Judgement,
+    SpeedupEstimate,
+    VerdictPlan,
+    judge,
+)
+from gpudiag.analysis.verdict import interval_verdict as verdict
 from gpudiag.errors import ArgumentError
-
-Verdict = Literal["faster", "slower", "no significant difference"]
-FASTER: Verdict = "faster"
-SLOWER: Verdict = "slower"
-NO_DIFFERENCE: Verdict = "no significant difference"
 
 PAIRED_METHOD = "median of per-round ratios, bootstrap over rounds"
 UNPAIRED_METHOD = "ratio of medians, independent bootstrap"
-
-
-@dataclass(frozen=True)
-class SpeedupEstimate:
-    """Baseline time / candidate time, with a bootstrap confidence interval.
-
-    ``value`` > 1 means the candidate is faster. ``low``/``high`` bound the interval at
-    ``confidence``; ``method`` says how it was resampled.
-    """
-
-    value: float
-    low: float
-    high: float
-    confidence: float = 0.95
-    method: str = ""
-    resamples: int = 0
-    n_baseline: int = 0
-    n_candidate: int = 0
-
-    def verdict(self, tolerance: float = 0.0) -> Verdict:
-        return verdict(self, tolerance=tolerance)
-
-    def __str__(self) -> str:
-        pct = f"{self.confidence:.0%}"
-        return f"{self.value:.2f}x ({pct} CI {self.low:.2f}-{self.high:.2f}x)"
-
-    def __repr__(self) -> str:
-        return f"SpeedupEstimate({self})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "value": self.value,
-                "low": self.low,
-                "high": self.high,
-                "confidence": self.confidence,
-                "method": self.method,
-                "resamples": self.resamples,
-                "n_baseline": self.n_baseline,
-                "n_candidate": self.n_candidate,
-            }
-        )
 
 
 def speedup_ci(
@@ -114,22 +77,6 @@ def speedup_ci(
     )
 
 
-def verdict(estimate: SpeedupEstimate, *, tolerance: float = 0.0) -> Verdict:
-    """'faster' / 'slower' only when the whole interval clears ``1 +- tolerance``.
-
-    ``tolerance`` is the smallest change worth a claim (0.01 = 1 %): below it, step timing on
-    a shared machine cannot tell a real effect from the order the arms ran in.
-    """
-    if not (math.isfinite(estimate.low) and math.isfinite(estimate.high)):
-        return NO_DIFFERENCE
-    if estimate.low > 1.0 + tolerance:
-        return FASTER
-    if estimate.high < 1.0 / (1.0 + tolerance):
-        return SLOWER
-    return NO_DIFFERENCE
-
-
-Look = Literal["faster", "slower", "equivalent", "undecided"]
 StopReason = Literal["undecided", "clear", "equivalent", "time budget", "max rounds"]
 
 
@@ -137,53 +84,47 @@ StopReason = Literal["undecided", "clear", "equivalent", "time budget", "max rou
 class StopDecision:
     stop: bool
     reason: StopReason
-    look: Look = "undecided"
+    judgement: Judgement | None = None
+
+    @property
+    def look(self) -> str:
+        """The verdict of the last look ("undecided" before the first)."""
+        return self.judgement.verdict if self.judgement is not None else UNDECIDED
 
 
 @dataclass(frozen=True)
 class AdaptiveRule:
-    """When an adaptive comparison may stop looking at one arm.
+    """When an adaptive comparison stops looking at one arm (see gpudiag.analysis.verdict).
 
-    Each look after ``min_rounds`` computes the speedup interval at ``confidence`` (stricter
-    than the reported 95 %: looking again and again would otherwise find "significant"
-    differences by chance). The arm is decided when ``agreeing_looks`` looks in a row clear
-    ``1 +- tolerance`` the same way, or when the interval lies inside ``1 +- equivalence``
-    (any difference is smaller than that: further rounds would not change the answer that
-    matters). The time budget and ``max_rounds`` stop everything regardless.
+    The arm is looked at on the plan's schedule; it stops at the first look that decides it
+    (faster, slower, or inside the ``equivalence`` margin), or when the time budget or
+    ``max_rounds`` runs out, whose stop is the last look (possibly "undecided"). The error
+    rate over all looks is ``1 - confidence``.
     """
 
     min_rounds: int = 5
     max_rounds: int = 100
     time_budget_s: float = 60.0
-    confidence: float = 0.99
-    agreeing_looks: int = 2
+    confidence: float = 0.95
     tolerance: float = 0.01
     equivalence: float = 0.05
-    resamples: int = 1000
-    seed: int = 0
+    growth: float = 1.5
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.min_rounds < 2:
-            raise ArgumentError("min_rounds must be at least 2")
-        if self.max_rounds < self.min_rounds:
-            raise ArgumentError("max_rounds must be at least min_rounds")
+        self.plan  # noqa: B018  (validates the settings)
 
-    def look(self, baseline_s: Sequence[float], candidate_s: Sequence[float]) -> Look:
-        est = speedup_ci(
-            baseline_s,
-            candidate_s,
+    @property
+    def plan(self) -> VerdictPlan:
+        return VerdictPlan(
+            min_rounds=self.min_rounds,
+            max_rounds=self.max_rounds,
             confidence=self.confidence,
-            resamples=self.resamples,
-            seed=self.seed,
+            tolerance=self.tolerance,
+            equivalence=self.equivalence,
+            growth=self.growth,
+            adaptive=self.adaptive,
         )
-        v = verdict(est, tolerance=self.tolerance)
-        if v == FASTER:
-            return "faster"
-        if v == SLOWER:
-            return "slower"
-        if est.low >= 1.0 / (1.0 + self.equivalence) and est.high <= 1.0 + self.equivalence:
-            return "equivalent"
-        return "undecided"
 
 
 @dataclass
@@ -191,7 +132,7 @@ class AdaptiveStopper:
     """Tracks the looks at one arm; ``update`` after every round says whether to stop."""
 
     rule: AdaptiveRule
-    history: list[Look] = field(default_factory=list)
+    history: list[Judgement] = field(default_factory=list)
     decided: StopDecision | None = None
 
     def update(
@@ -201,26 +142,23 @@ class AdaptiveStopper:
         *,
         rounds: int,
         elapsed_s: float,
+        round_s: float | None = None,
     ) -> StopDecision:
         if self.decided is not None:
             return self.decided
-        rule = self.rule
-        look: Look = "undecided"
-        if rounds >= rule.min_rounds:
-            look = rule.look(baseline_s, candidate_s)
+        rule, plan = self.rule, self.rule.plan
+        out_of_time = elapsed_s >= rule.time_budget_s
+        last = rounds >= rule.max_rounds or out_of_time
+        look = judge(baseline_s, candidate_s, plan, final=last, round_s=round_s)
+        if look.looked:
             self.history.append(look)
-            recent = self.history[-rule.agreeing_looks :]
-            if look == "equivalent":
-                self.decided = StopDecision(True, "equivalent", look)
-            elif (
-                look in (FASTER, SLOWER)
-                and len(recent) == rule.agreeing_looks
-                and len(set(recent)) == 1
-            ):
-                self.decided = StopDecision(True, "clear", look)
-        if self.decided is None and rounds >= rule.max_rounds:
+        if look.verdict in (FASTER, SLOWER):
+            self.decided = StopDecision(True, "clear", look)
+        elif look.verdict == NO_DIFFERENCE:
+            self.decided = StopDecision(True, "equivalent", look)
+        elif rounds >= rule.max_rounds:
             self.decided = StopDecision(True, "max rounds", look)
-        if self.decided is None and elapsed_s >= rule.time_budget_s:
+        elif out_of_time:
             self.decided = StopDecision(True, "time budget", look)
         return self.decided or StopDecision(False, "undecided", look)
 
@@ -232,4 +170,27 @@ def describe_stop(reason: str) -> str:
         "time budget": "the time budget ran out",
         "max rounds": "the maximum number of rounds was reached",
         "fixed": "fixed number of rounds (adaptive stopping off)",
+        "not applied": "the fix did not take effect: not timed",
     }.get(reason, reason)
+
+
+__all__ = [
+    "FASTER",
+    "NO_DIFFERENCE",
+    "PAIRED_METHOD",
+    "SLOWER",
+    "SPREAD_WARNING",
+    "UNDECIDED",
+    "UNPAIRED_METHOD",
+    "AdaptiveRule",
+    "AdaptiveStopper",
+    "Judgement",
+    "Measurement",
+    "SpeedupEstimate",
+    "StopDecision",
+    "VerdictPlan",
+    "describe_stop",
+    "judge",
+    "speedup_ci",
+    "verdict",
+]

@@ -9,26 +9,17 @@ from typing import Any
 from gpudiag.errors import GpuDiagError
 
 
-def _value(text: str) -> Any:
-    low = text.lower()
-    if low in {"true", "false"}:
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["seq_len=2048", "attn_implementation=sdpa"]`` -> {"seq_len": 2048, ...}."""
+    """``["seq_len=2048", "attn_implementation=sdpa"]`` -> {"seq_len": 2048, ...}; values
+    read as fix parameters are (gpudiag.fixes.parse_value: true/yes/on, none, numbers)."""
+    from gpudiag.fixes import parse_value
+
     out: dict[str, Any] = {}
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise GpuDiagError(f"--set takes key=value (like seq_len=2048), got {item!r}")
-        out[key.strip()] = _value(value.strip())
+        out[key.strip()] = parse_value(value.strip())
     return out
 
 

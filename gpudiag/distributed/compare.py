@@ -30,7 +30,8 @@ from typing import Any
 
 from gpudiag._progress import ProgressFn, resolve, ticking
 from gpudiag._report import html_grid, jsonable
-from gpudiag.analysis.stats import Measurement, speedup_ci, verdict
+from gpudiag.analysis.stats import Measurement
+from gpudiag.analysis.verdict import NOT_APPLIED, VerdictPlan, judge
 from gpudiag.distributed.launch import torchrun
 from gpudiag.distributed.trial import CPU_MEMORY, DdpOptions
 from gpudiag.distributed.workload import check_picklable, spec_of
@@ -39,7 +40,7 @@ from gpudiag.experiment.compare import ArmResult, Comparison
 from gpudiag.experiment.drift import StepTrace, compare_traces
 from gpudiag.experiment.memory import PeakMemory
 from gpudiag.experiment.workload import Workload
-from gpudiag.fixes import Fix
+from gpudiag.fixes import Fix, Proof, ProofStatus
 from gpudiag.probe import cuda
 
 WORKER_MODULE = "gpudiag.distributed._trial_worker"
@@ -190,6 +191,17 @@ def launch(
         return data
 
 
+def _plan(rounds: int, confidence: float, tolerance: float) -> VerdictPlan:
+    """One look after the fixed rounds, with the verdict rules of gd.compare."""
+    return VerdictPlan(
+        min_rounds=2,
+        max_rounds=max(2, rounds),
+        confidence=confidence,
+        tolerance=tolerance,
+        adaptive=False,
+    )
+
+
 def _arm_result(
     label: str,
     fixes: tuple[Fix, ...],
@@ -213,11 +225,18 @@ def _arm_result(
             str(first.get("memory_method") or CPU_MEMORY),
             note=f"largest of {len(peaks)} ranks ({shown})",
         )
-    est = verdict_text = drift = None
-    if baseline is not None and samples and not errors:
+    est = verdict_text = drift = look = None
+    proofs = tuple(
+        Proof(fixes[0].label if fixes else label, ProofStatus(p["status"]), p["evidence"],
+              p["reason"], p["manual"])
+        for p in [first.get("proof")] if p
+    )  # fmt: skip
+    if baseline is not None and any(p.not_applied for p in proofs):
+        verdict_text = NOT_APPLIED
+    elif baseline is not None and samples and not errors:
         base_samples = baseline.get("slowest_step_s") or []
-        est = speedup_ci(base_samples, samples, confidence=confidence, seed=seed)
-        verdict_text = verdict(est, tolerance=tolerance)
+        look = judge(base_samples, samples, _plan(len(samples), confidence, tolerance), final=True)
+        est, verdict_text = look.estimate, look.verdict
         drift = compare_traces(
             StepTrace(tuple(baseline.get("losses") or ())),
             StepTrace(tuple(first.get("losses") or ())),
@@ -237,6 +256,8 @@ def _arm_result(
         first_step_s=None,
         error="; ".join(errors) or None,
         notes=notes,
+        proofs=proofs,
+        judgement=look,
     )
 
 
@@ -248,7 +269,7 @@ def compare_distributed(
     workload_args: Mapping[str, Any] | None = None,
     ddp: Mapping[str, Any] | None = None,
     accumulation: int = 1,
-    rounds: int = 5,
+    rounds: int = 8,
     steps_per_round: int = 2,
     memory_steps: int = 3,
     seed: int = 0,
@@ -265,8 +286,11 @@ def compare_distributed(
     ``static_graph``. ``accumulation``: micro-batches per optimizer step, gradients synced on
     the last only (DDP ``no_sync``, FSDP ``set_requires_gradient_sync``). Each arm runs
     ``memory_steps`` measured first steps (memory, losses), then ``rounds`` interleaved rounds
-    of ``steps_per_round`` timed steps. ``progress``: the seconds waited on the ranks (a bar,
-    ``True``), none (``False``), or a callback.
+    of ``steps_per_round`` timed steps, judged once at the end as gd.compare judges (a 95 %
+    verdict needs at least 6 rounds; fewer leave it "undecided"). Each rank checks that
+    ``fully_shard`` reached its model (FSDP modules, sharded parameters): an arm where it did
+    not is "not applied". ``progress``: the seconds waited on the ranks (a bar, ``True``),
+    none (``False``), or a callback.
     """
     started = time.perf_counter()
     if not isinstance(nproc, int) or nproc < 1:
@@ -357,6 +381,7 @@ def compare_distributed(
         notes=tuple(notes),
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system={"nproc": nproc, "backend": backend},
+        verdict_rule=_plan(int(rounds), confidence, tolerance).describe(),
         nproc=nproc,
         backend=backend,
         ranks=tuple(ranks),

@@ -80,6 +80,7 @@ class RankArm:
     slowest_step_s: list[float] = field(default_factory=list)  # max over ranks, per round
     notes: list[str] = field(default_factory=list)
     error: str = ""
+    proof: dict[str, Any] | None = None  # fsdp.wrap's proof of effect on this rank's model
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +98,7 @@ class RankArm:
             "slowest_step_s": self.slowest_step_s,
             "notes": self.notes,
             "error": self.error,
+            "proof": self.proof,
         }
 
 
@@ -146,12 +148,13 @@ def live_bytes(events: list[MemoryEvent]) -> tuple[int, int]:
 def _wrap(arm: RankArm, workload: Workload, device: str, ddp: DdpOptions) -> None:
     model = workload.model
     if arm.strategy == "fsdp":
-        from gpudiag.fixes.fsdp import shard_blocks
+        from gpudiag.fixes.fsdp import fsdp_proof, shard_blocks
 
         names = shard_blocks(model, arm.params)
         what = f"{len(names)} {names[0]}" if names else "no repeated blocks"
         arm.notes.append(f"fully_shard on {what} and the root")
         arm.model = model
+        arm.proof = fsdp_proof("fsdp.wrap", model).to_dict()
     else:
         from torch.nn.parallel import DistributedDataParallel
 

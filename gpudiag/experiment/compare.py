@@ -26,16 +26,15 @@ from gpudiag.analysis.stats import (
     Measurement,
     SpeedupEstimate,
     describe_stop,
-    speedup_ci,
-    verdict,
 )
-from gpudiag.errors import GpuDiagError
+from gpudiag.analysis.verdict import NOT_APPLIED, UNDECIDED, Judgement, judge
+from gpudiag.errors import FixError, GpuDiagError
 from gpudiag.experiment.drift import Drift, StepTrace, compare_traces, not_measured
 from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
 from gpudiag.experiment.runner import Arm, load_values, seed_everything
 from gpudiag.experiment.trial import isolated, tensor_bytes
 from gpudiag.experiment.workload import Workload
-from gpudiag.fixes import Fix, FixKind, check_conflicts
+from gpudiag.fixes import Fix, Proof, ProofStatus, check_conflicts
 from gpudiag.fixes import _system as fix_system
 from gpudiag.probe import cuda
 
@@ -62,7 +61,15 @@ MEMORY_KEEP = 0.10
 
 @dataclass(frozen=True)
 class ArmResult:
-    """What one arm measured. ``speedup`` / ``verdict`` are vs the baseline (None for it)."""
+    """What one arm measured. ``speedup`` / ``verdict`` are vs the baseline (None for it).
+
+    ``verdict``: 'faster' | 'slower' | 'no significant difference' | 'undecided' |
+    'not applied' (a fix did not take effect: never timed, never judged, never in a recipe),
+    None for the baseline and for an arm that failed (``error``). ``judgement``: the look the
+    verdict came from, with what an undecided arm would need. ``proofs``: each fix's proof of
+    effect from the arm's own step; a verdict whose fixes are not all proven is "unverified"
+    (``verified`` False, said beside it).
+    """
 
     label: str
     fixes: tuple[Fix, ...]
@@ -77,10 +84,41 @@ class ArmResult:
     first_step_s: float | None
     error: str | None = None
     notes: tuple[str, ...] = ()
+    proofs: tuple[Proof, ...] = ()
+    judgement: Judgement | None = None
 
     @property
     def is_baseline(self) -> bool:
         return not self.fixes
+
+    @property
+    def applied(self) -> bool:
+        """No fix of the arm was shown not to take effect."""
+        return not any(p.status is ProofStatus.NOT_APPLIED for p in self.proofs)
+
+    @property
+    def verified(self) -> bool:
+        """Every fix of the arm was shown to take effect."""
+        return bool(self.proofs) and all(p.status is ProofStatus.APPLIED for p in self.proofs)
+
+    @property
+    def not_applied_reason(self) -> str:
+        """Why the arm's fixes did not take effect, with the change to make by hand."""
+        named = len(self.fixes) > 1  # a combination names the fix each reason is about
+        return "; ".join(
+            _proof_text(p, named) for p in self.proofs if p.status is ProofStatus.NOT_APPLIED
+        )
+
+    @property
+    def unverified_reason(self) -> str:
+        return "; ".join(
+            f"{p.fix}: {p.reason}" for p in self.proofs if p.status is ProofStatus.UNVERIFIED
+        )
+
+    @property
+    def needs(self) -> str:
+        """What an undecided arm would need to be decided ("" otherwise)."""
+        return self.judgement.needs if self.judgement is not None else ""
 
     @property
     def samples_per_s(self) -> float | None:
@@ -110,8 +148,16 @@ class ArmResult:
                 "first_step_s": self.first_step_s,
                 "error": self.error,
                 "notes": list(self.notes),
+                "proofs": [p.to_dict() for p in self.proofs],
+                "verified": self.verified,
+                "judgement": self.judgement,
             }
         )
+
+
+def _proof_text(proof: Proof, named: bool) -> str:
+    text = f"{proof.fix}: {proof.reason}" if named else proof.reason
+    return text + (f". By hand: {proof.manual}" if proof.manual else "")
 
 
 @dataclass(frozen=True)
@@ -137,10 +183,17 @@ class Comparison:
     notes: tuple[str, ...] = ()
     created_at: str = ""
     system: dict[str, Any] = field(default_factory=dict)
+    # How verdicts were reached (VerdictPlan.describe()): confidence over the planned looks,
+    # tolerance, equivalence margin.
+    verdict_rule: str = ""
 
     # -- accessors ------------------------------------------------------------------------
     def _measured(self) -> list[ArmResult]:
-        return [a for a in self.arms if a.speedup is not None and a.error is None]
+        return [
+            a
+            for a in self.arms
+            if a.speedup is not None and a.error is None and a.verdict != NOT_APPLIED
+        ]
 
     def arm(self, fix: Any = None) -> ArmResult:
         """The arm for ``fix`` (a Fix, its text, or a list of fixes for a combination).
@@ -152,7 +205,7 @@ class Comparison:
             if not measured:
                 reasons = [f"{label}: {why}" for label, why in self.skipped]
                 reasons += [
-                    f"{a.label}: {_verdict_cell(a)}" for a in self.arms if not a.is_baseline
+                    f"{a.label}: {_verdict_text(a)}" for a in self.arms if not a.is_baseline
                 ]
                 raise GpuDiagError(
                     "no fix was measured in this comparison "
@@ -180,7 +233,8 @@ class Comparison:
         return a.speedup
 
     def verdict(self, fix: Any = None) -> str:
-        """'faster', 'slower' or 'no significant difference' for ``fix`` vs the baseline."""
+        """'faster', 'slower', 'no significant difference', 'undecided' or 'not applied' for
+        ``fix`` vs the baseline."""
         a = self.arm(fix)
         if a.verdict is None:
             raise GpuDiagError(f"{a.label} has no verdict: {a.error or 'it was not measured'}")
@@ -192,7 +246,8 @@ class Comparison:
         return [
             a
             for a in self._measured()
-            if (a.verdict == "faster" or self.memory_saving(a) >= MEMORY_KEEP)
+            if a.applied
+            and (a.verdict == "faster" or self.memory_saving(a) >= MEMORY_KEEP)
             and (a.drift is None or a.drift.status in ("ok", "not measured"))
         ]
 
@@ -211,11 +266,18 @@ class Comparison:
         """A gd.Recipe of the fixes that made it faster (or, for memory fixes, smaller)
         without large drift, with their evidence.
 
-        ``include`` picks arms explicitly (Fix objects, texts) instead.
+        ``include`` picks arms explicitly (Fix objects, texts) instead; an arm whose fix did not
+        take effect is refused.
         """
         from gpudiag.recipe import Recipe
 
         arms = [self.arm(f) for f in include] if include is not None else self.kept()
+        for a in arms:
+            if not a.applied:
+                raise GpuDiagError(
+                    f"{a.label} did not take effect here ({a.not_applied_reason}): it cannot "
+                    "enter a recipe"
+                )
         return Recipe.from_comparison(self, arms)
 
     def plot(self) -> Any:
@@ -258,7 +320,8 @@ class Comparison:
     def warnings(self) -> list[str]:
         out = []
         for a in (self.baseline, *self.arms):
-            out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
+            if a.verdict != NOT_APPLIED:  # never timed: its reason is said below the table
+                out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
             if a.drift is not None and a.drift.status in ("large", "non-finite"):
                 out.append(
                     f"{a.label}: numerical drift is {a.drift.status} ({a.drift}): "
@@ -271,9 +334,28 @@ class Comparison:
     def summary(self) -> str:
         parts = []
         for a in self.arms:
-            if a.speedup is not None and a.verdict is not None:
-                parts.append(f"{a.label}: {a.verdict}, {a.speedup}")
+            if a.verdict == NOT_APPLIED:
+                parts.append(f"{a.label}: not applied")
+            elif a.speedup is not None and a.verdict is not None:
+                label = "" if a.verified else " (unverified)"
+                parts.append(f"{a.label}: {a.verdict}{label}, {a.speedup}")
         return "; ".join(parts) or "no fix measured"
+
+    def evidence_lines(self) -> list[str]:
+        """Per arm, below the table: a verdict that needs words (not applied with the reason
+        and the change by hand, undecided with what it needs, unverified with why), then
+        what its fixes' proofs saw."""
+        out = []
+        for a in self.arms:
+            worded = a.verdict in (NOT_APPLIED, UNDECIDED) or not a.verified
+            if a.error is None and a.verdict and worded:
+                out.append(f"{a.label}: {_verdict_text(a)}")
+            out += [
+                f"{a.label}: proof: {p}" if len(a.fixes) > 1 else f"proof: {p}"
+                for p in a.proofs
+                if p.status is not ProofStatus.NOT_APPLIED
+            ]
+        return out
 
     def __repr__(self) -> str:
         widths = [
@@ -291,7 +373,10 @@ class Comparison:
             f"{self.elapsed_s:.1f} s in all; "
             f"{self.isolation}"
         )
+        if self.verdict_rule:
+            lines.append(f"  verdicts: {self.verdict_rule}")
         lines += [f"  skipped {label}: {why}" for label, why in self.skipped]
+        lines += [f"  {line}" for line in self.evidence_lines()]
         lines += [f"  WARNING: {w}" for w in self.warnings()]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -311,14 +396,15 @@ class Comparison:
                 ("isolation", self.isolation),
                 (
                     "statistics",
-                    f"speedup: median of per-round ratios, {self.confidence:.0%} bootstrap "
-                    f"CI over rounds; changes under {self.tolerance:.0%} count as no difference",
+                    "speedup: median of per-round ratios, exact sign-test interval; "
+                    + self.verdict_rule,
                 ),
             ]
         )
         extra = "".join(
             f"<div>skipped {esc(label)}: {esc(why)}</div>" for label, why in self.skipped
         )
+        extra += "".join(f"<div>{esc(line)}</div>" for line in self.evidence_lines())
         extra += "".join(
             f"<div style='color:#b45309'>WARNING: {esc(w)}</div>" for w in self.warnings()
         )
@@ -352,6 +438,7 @@ class Comparison:
                 "warnings": self.warnings(),
                 "created_at": self.created_at,
                 "system": self.system,
+                "verdict_rule": self.verdict_rule,
             }
         )
 
@@ -411,6 +498,7 @@ def compare(
     measure_memory: bool = True,
     confidence: float = 0.95,
     tolerance: float = 0.01,
+    equivalence: float = 0.05,
     copies: bool | None = None,
     seed: int = 0,
     progress: bool | ProgressFn = True,
@@ -429,11 +517,17 @@ def compare(
     Protocol: a seeded drift check (``drift_steps`` from the same state and seeds), one step
     for peak memory, ``warmup_steps``, then rounds in which every arm runs
     ``steps_per_sample`` steps (chosen so a sample lasts ``min_sample_s``) in a fresh random
-    order. ``adaptive``: after ``min_rounds`` each arm stops when its verdict is clear or its
-    difference is shown to be small (see AdaptiveRule), or at ``time_budget_s`` /
-    ``max_rounds``; otherwise exactly ``max_rounds`` rounds. Verdicts use a ``confidence``
-    bootstrap interval; changes under ``tolerance`` count as no difference. ``clock``
-    replaces ``time.perf_counter`` (tests); on CUDA, step times come from CUDA events.
+    order. Before the rounds, one untimed step of each arm proves that its fixes took effect
+    (``FixSpec.proof``): an arm whose fix did not is "not applied", with the reason and the
+    change to make by hand, and is neither timed nor judged. ``adaptive``: each arm is looked
+    at on a planned schedule from ``min_rounds`` (gpudiag.analysis.verdict.VerdictPlan) and
+    stops at the first look that decides it, or at ``time_budget_s`` / ``max_rounds``;
+    otherwise exactly ``max_rounds`` rounds and one look. "faster"/"slower" need the
+    ``confidence`` interval (shared by the looks) to clear ``1 +- tolerance``; "no significant
+    difference" needs it inside ``1 +- equivalence``; anything else is "undecided", with the
+    rounds it would take. A time budget never shortens the rounds a verdict needs: it leaves
+    the arm undecided. ``clock`` replaces ``time.perf_counter`` (tests); on CUDA, step times
+    come from CUDA events.
     ``progress``: a bar over the measuring rounds (``True``), none (``False``), or a callback
     that gets a ``gpudiag._progress.Progress`` per round and ``finished`` when every arm has
     its verdict (possibly well before the round limit).
@@ -466,8 +560,10 @@ def compare(
         min_rounds=min_rounds,
         max_rounds=max_rounds,
         time_budget_s=time_budget_s if adaptive else math.inf,
+        confidence=confidence,
         tolerance=tolerance,
-        seed=seed,
+        equivalence=equivalence,
+        adaptive=adaptive,
     )
     notes: list[str] = []
     shared, isolation = _sharing(copies, workload, system, device_type, len(arm_fixes) + 1, notes)
@@ -477,7 +573,7 @@ def compare(
         arms = _build_arms(workload, arm_fixes, shared, device_type, system, notes)
         try:
             for arm in arms:
-                arm.open()
+                arm.open(refusal_is_not_applied=True)
             reference = snapshot.named_values(workload.model) if workload.model is not None else {}
             # Before the rounds: drift check, peak memory, warm-up (a minute on a slow step).
             report(on_progress, "compare: preparing", 0, 3, "drift check")
@@ -488,21 +584,24 @@ def compare(
             memory = _memory_phase(arms, device_type) if measure_memory else {}
             report(on_progress, "compare: preparing", 2, 3, "warm-up")
             _warmup_phase(arms, warmup_steps, clock)
+            _proof_phase(arms)
             k = _steps_per_sample(arms, min_sample_s, steps_per_sample)
-            rounds, stops, measuring_s = _timing_phase(
+            compiled_before = {a.label: a.dynamo["frames"] for a in arms}
+            rounds, stops, looks, measuring_s = _timing_phase(
                 arms, rule, adaptive, k, seed, on_progress, clock, wall
             )
+            _recompile_notes(arms, compiled_before)
         finally:
             for arm in arms:
                 arm.close()
 
-    results = _verdict_phase(arms, traces, memory, stops, workload, confidence, tolerance, seed)
+    results = _verdict_phase(arms, traces, memory, stops, looks, workload)
     overall = _overall_stop(stops, adaptive, rounds, rule)
-    if any(a.fixes and any(f.id == "compile" for f in a.fixes) for a in arms):
-        notes.append(
-            "compiled arms: the first step (compilation) is excluded from the timings; "
-            "see first_step_s"
+    notes += list(
+        dict.fromkeys(
+            f.spec.first_steps_note for a in arms for f in a.fixes if f.spec.first_steps_note
         )
+    )
     comparison = Comparison(
         workload=workload.name,
         workload_description=workload.describe(),
@@ -523,6 +622,7 @@ def compare(
         notes=tuple(notes),
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system=system_facts,
+        verdict_rule=rule.plan.describe(),
     )
     _remember(workload, comparison)
     return comparison
@@ -629,16 +729,12 @@ def _why_not(
     combo: tuple[Fix, ...], workload: Workload, system: SystemReport | None, device_type: str
 ) -> str:
     for fix in combo:
-        blocker = fix.live_blocker()
+        missing = fix.missing()
+        if missing:  # the user's to give: measuring it would compare the baseline with itself
+            raise FixError(missing)
+        blocker = fix.live_blocker() or fix.unmet_needs(workload)
         if blocker:
             return blocker
-        if not workload.owns_step and fix.kind is FixKind.STRUCTURAL and fix.id != "compile":
-            return (
-                f"{fix.label} changes the model or data pipeline; a step-function workload "
-                "takes only ambient fixes and compile"
-            )
-        if fix.id == "dataloader.tuning" and workload.dataloader is None:
-            return f"{fix.label} tunes a DataLoader; this workload has none (batch=)"
         ok, reason = fix.supported(system, device_type)
         if not ok:
             return reason
@@ -714,7 +810,7 @@ def _drift_phase(
         seed_everything(seed)
         arm.reset_batches()
         arm.new_optimizer()
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             traces[key] = arm.trace(steps, clock)
@@ -735,6 +831,8 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
+    if arm.label not in traces and arm.not_applied:
+        return not_measured("the fix did not take effect: the arm was not run")
     if arm.label not in traces or baseline.label not in traces:
         return not_measured(
             "no drift steps were run" if not traces else "the arm failed before the drift check"
@@ -756,7 +854,7 @@ def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
 def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
     out = {}
     for arm in arms:
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             with arm.active():
@@ -770,7 +868,7 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
     """At least one timed step per arm (allocator, autotuning, lazy init); a failing arm keeps
     its error, a failing baseline ends the comparison."""
     for arm in arms:
-        if arm.error is not None:
+        if not arm.runs:
             continue
         try:
             for _ in range(max(1, warmup_steps)):
@@ -781,10 +879,37 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
         raise GpuDiagError(f"the baseline itself failed: {arms[0].error}")
 
 
+def _proof_phase(arms: list[Arm]) -> None:
+    """One untimed, warm step of each arm, observed: each fix proves it took effect against
+    the baseline's step (FixSpec.proof). An arm with a fix that did not is not timed."""
+    baseline = None
+    try:
+        baseline = arms[0].prove(None)
+    except Exception as exc:  # the arms are still proven, without a baseline to compare to
+        arms[0].notes.append(f"the baseline's step could not be observed: {_error_text(exc)}")
+    for arm in arms[1:]:
+        if not arm.runs:
+            continue
+        try:
+            arm.prove(baseline)
+        except Exception as exc:
+            arm.error = _error_text(exc)
+
+
+def _recompile_notes(arms: list[Arm], before: dict[str, int]) -> None:
+    for arm in arms:
+        again = arm.dynamo["frames"] - before.get(arm.label, 0)
+        if again > 0:
+            arm.notes.append(
+                f"torch.compile compiled {again} frame(s) again during the timed rounds "
+                "(recompilation): their time is in the samples"
+            )
+
+
 def _steps_per_sample(arms: list[Arm], min_sample_s: float, steps_per_sample: int | None) -> int:
     """Steps in one timed sample: enough that the fastest warm-up step lasts ``min_sample_s``."""
     if steps_per_sample is None:
-        fastest = min(min(a.warmup_s) for a in arms if a.warmup_s)
+        fastest = min(min(a.warmup_s) for a in arms if a.warmup_s and not a.not_applied)
         return max(1, math.ceil(min_sample_s / fastest)) if fastest > 0 else 1
     return max(1, int(steps_per_sample))
 
@@ -798,13 +923,15 @@ def _timing_phase(
     on_progress: ProgressFn | None,
     clock: Callable[[], float] | None,
     wall: Callable[[], float],
-) -> tuple[int, dict[str, str], float]:
+) -> tuple[int, dict[str, str], dict[str, Judgement], float]:
     """Rounds of ``k`` steps per arm in a fresh random order; with ``adaptive``, each arm
-    stops when its AdaptiveStopper says so. (rounds, stop reason per arm, seconds)."""
+    stops when its AdaptiveStopper says so. (rounds, stop reason per arm, the verdict's look
+    per arm, seconds). Arms whose fix did not take effect are not timed."""
     rng = random.Random(seed)
     stoppers = {a.label: AdaptiveStopper(rule) for a in arms[1:]}
-    stops: dict[str, str] = {}
-    active = [a for a in arms[1:] if a.error is None]
+    stops: dict[str, str] = {a.label: "not applied" for a in arms[1:] if a.not_applied}
+    looks: dict[str, Judgement] = {}
+    active = [a for a in arms[1:] if a.error is None and not a.not_applied]
     rounds = 0
     t0 = wall()
     with closed_on_error(on_progress):
@@ -834,30 +961,55 @@ def _timing_phase(
                         per_baseline_step(arm, arms[0]),
                         rounds=n,
                         elapsed_s=elapsed,
+                        round_s=elapsed / rounds,
                     )
                     if decision.stop:
                         stops[arm.label] = decision.reason
+                        if decision.judgement is not None:
+                            looks[arm.label] = decision.judgement
                         continue
                 still.append(arm)
             active = still
-            looks = {a.label: _last_look(stoppers[a.label]) for a in active}
-            note = ", ".join(f"{k}: {v}" for k, v in looks.items())
+            shown = {a.label: _last_look(stoppers[a.label]) for a in active}
+            note = ", ".join(f"{k}: {v}" for k, v in shown.items())
             report(on_progress, "compare", rounds, rule.max_rounds, note)
         # Every arm has its verdict (often before the round limit): the wait is over.
         finish(on_progress, "compare")
+    elapsed = wall() - t0
     for arm in active:
         stops.setdefault(arm.label, "max rounds" if adaptive else "fixed")
-    return rounds, stops, wall() - t0
+        looks[arm.label] = judge(
+            arms[0].samples_s[: len(arm.samples_s)],
+            per_baseline_step(arm, arms[0]),
+            rule.plan,
+            final=True,
+            round_s=elapsed / rounds if rounds else None,
+        )
+    return rounds, stops, looks, elapsed
 
 
 def _verdict_cell(arm: ArmResult) -> str:
-    """An arm's verdict, its error, or why it has neither (a time budget that allowed under two
-    rounds gives no interval to judge by)."""
-    if arm.verdict:
-        return arm.verdict
+    """An arm's verdict as the table shows it: the verdict, marked when unverified (the
+    words, why not applied, what an undecided arm needs, are below the table); or its error."""
     if arm.error:
         return f"error: {arm.error}"
-    return f"not judged: {arm.step_time.n} round(s), at least 2 needed"
+    if arm.verdict and arm.verdict not in (NOT_APPLIED, UNDECIDED) and not arm.verified:
+        return f"{arm.verdict} (unverified)"
+    return arm.verdict or ""
+
+
+def _verdict_text(arm: ArmResult) -> str:
+    """An arm's verdict in words: why a fix was not applied (and the change by hand), what an
+    undecided arm needs, "unverified" where no proof could tell; or its error."""
+    if arm.error:
+        return f"error: {arm.error}"
+    if arm.verdict == NOT_APPLIED:
+        return f"not applied: {arm.not_applied_reason}"
+    if arm.verdict == UNDECIDED:
+        return f"undecided: {arm.needs}" if arm.needs else UNDECIDED
+    if arm.verdict and not arm.verified:
+        return f"{arm.verdict}, unverified: {arm.unverified_reason or 'no proof of effect'}"
+    return arm.verdict or ""
 
 
 def _verdict_phase(
@@ -865,26 +1017,22 @@ def _verdict_phase(
     traces: dict[str, StepTrace],
     memory: dict[str, PeakMemory],
     stops: dict[str, str],
+    looks: dict[str, Judgement],
     workload: Workload,
-    confidence: float,
-    tolerance: float,
-    seed: int,
 ) -> list[ArmResult]:
-    """Each arm's result: speed-up against the baseline with its verdict, drift, memory."""
+    """Each arm's result: speed-up against the baseline with its verdict (from its last look),
+    proofs, drift, memory."""
     baseline_arm = arms[0]
-    base_samples = baseline_arm.samples_s
     results = []
     for arm in arms:
-        n = min(len(arm.samples_s), len(base_samples))
-        est = verdict_text = None
-        if not arm.is_baseline and n >= 2 and arm.error is None:
-            est = speedup_ci(
-                base_samples[:n],
-                per_baseline_step(arm, baseline_arm)[:n],
-                confidence=confidence,
-                seed=seed,
-            )
-            verdict_text = verdict(est, tolerance=tolerance)
+        look = looks.get(arm.label)
+        est: SpeedupEstimate | None = None
+        verdict_text: str | None = None
+        if not arm.is_baseline and arm.error is None:
+            if arm.not_applied:
+                verdict_text = NOT_APPLIED
+            elif look is not None:
+                est, verdict_text = look.estimate, look.verdict
         drift = None
         if not arm.is_baseline:
             drift = _drift_for(traces, arm, baseline_arm)
@@ -909,6 +1057,8 @@ def _verdict_phase(
                 first_step_s=arm.first_step_s,
                 error=arm.error,
                 notes=tuple(arm.notes),
+                proofs=arm.proofs,
+                judgement=None if verdict_text == NOT_APPLIED else look,
             )
         )
     return results
@@ -925,7 +1075,7 @@ def per_baseline_step(arm: Arm, baseline: Arm) -> list[float]:
 
 
 def _last_look(stopper: AdaptiveStopper) -> str:
-    return str(stopper.history[-1]) if stopper.history else "..."
+    return stopper.history[-1].verdict if stopper.history else "..."
 
 
 def _overall_stop(stops: dict[str, str], adaptive: bool, rounds: int, rule: AdaptiveRule) -> str:

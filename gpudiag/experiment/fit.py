@@ -171,8 +171,13 @@ def _whatif(
     stages: Stages | None = None,
     **kwargs: Any,
 ) -> WhatIf:
+    """The estimate with ``fixes`` applied (each says what it changes: FixSpec.memory_args)
+    and ``kwargs`` (what is not a fix, such as another optimizer)."""
     if stages is not None:
         stages.next(f"what-if: {label}")
+    for fix in fixes:
+        kwargs.update(Fix.parse(fix).memory_args())
+    micro = int(kwargs.pop("batch_size", micro))
     try:
         est = estimate_memory(
             workload, batch_size=micro, scale_by_batch=False, progress=False, **kwargs
@@ -272,20 +277,12 @@ def _fit(
                 f"micro-batch {micro} x {accumulation}",
                 (f"batch.size:micro_batch={micro},accumulation={accumulation}",),
                 budget,
-                micro,
+                global_batch,
                 stages,
             )
         )
     whatifs.append(
-        _whatif(
-            workload,
-            "bf16 autocast",
-            ("precision.bf16",),
-            budget,
-            global_batch,
-            stages,
-            precision="bf16",
-        )
+        _whatif(workload, "bf16 autocast", ("precision.bf16",), budget, global_batch, stages)
     )
     whatifs.append(
         _whatif(
@@ -295,7 +292,6 @@ def _fit(
             budget,
             global_batch,
             stages,
-            checkpointing=True,
         )
     )
     whatifs.append(
@@ -306,8 +302,6 @@ def _fit(
             budget,
             global_batch,
             stages,
-            precision="bf16",
-            checkpointing=True,
         )
     )
     for n in fsdp_degrees:

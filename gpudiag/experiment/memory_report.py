@@ -415,21 +415,18 @@ def memory(
         notes.append("CPU: no caching allocator counters (torch.cuda.memory_stats is CUDA only)")
     est = None
     if estimate:
-        precision = next(
-            (f.id.split(".")[1] for f in chosen if f.id in ("precision.bf16", "precision.fp16")),
-            None,
-        )
-        ckpt = any(f.id == "activation.checkpointing" for f in chosen)
-        micro = next((f.params.get("micro_batch") for f in chosen if f.id == "batch.size"), None)
+        # Each fix says what it changes in the estimate (FixSpec.memory_args).
+        args: dict[str, Any] = {}
+        for fix in chosen:
+            args.update(fix.memory_args())
         stages.next("the estimate (traced on fake tensors)")
         try:
             with closed_on_error(stages.on_progress):
                 est = estimate_memory(
                     workload,
-                    batch_size=micro or batch_size,
-                    precision=precision,
-                    checkpointing=ckpt or None,
+                    batch_size=args.pop("batch_size", None) or batch_size,
                     progress=False,
+                    **args,
                 )
         except Exception as exc:  # the estimate is a comparison; the measurement stands alone
             notes.append(f"no estimate: {exc}")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.drift import StepTrace
+from gpudiag.experiment.trial import GlobalState
 from gpudiag.fixes import Fix
-from gpudiag.fixes.base import ambient, transform
+from gpudiag.fixes.base import ambient, ordered, transform
+from gpudiag.fixes.proof import Observation, Proof, ProofStatus, not_applied
 from gpudiag.probe import cuda
+from gpudiag.profiling.census import compiled_regions, dynamo_counts, op_census
 from gpudiag.step import Step, Workload, grad_norm, loss_value
 
 if TYPE_CHECKING:
@@ -61,13 +67,33 @@ class Arm:
     _stack: ExitStack = field(default_factory=ExitStack)
     # Samples in one optimizer step of this arm (a batch fix changes it), fixed at open().
     samples_per_step: int = 0
+    # Proof of effect: what the arm's own (untimed) step showed, and each fix's proof.
+    observation: Observation | None = None
+    proofs: tuple[Proof, ...] = ()
+    # Dynamo's counters (frames compiled, graph breaks) summed over this arm's calls.
+    dynamo: Counter[str] = field(default_factory=Counter)
 
     @property
     def is_baseline(self) -> bool:
         return not self.fixes
 
+    @property
+    def not_applied(self) -> tuple[Proof, ...]:
+        """The proofs of the fixes that did not take effect (the arm is not judged then)."""
+        return tuple(p for p in self.proofs if p.status is ProofStatus.NOT_APPLIED)
+
     # -- lifetime -----------------------------------------------------------------------
-    def open(self) -> None:
+    @property
+    def runs(self) -> bool:
+        """The arm is still run: no error, and no fix of it found not to take effect."""
+        return self.error is None and not self.not_applied
+
+    def open(self, *, refusal_is_not_applied: bool = False) -> None:
+        """Build the arm's Step and apply its structural fixes (on a shared model, around
+        each call instead). With ``refusal_is_not_applied``, a fix that refuses the model
+        (UnsupportedFixError: no repeated blocks to checkpoint, nothing to compile, ...) makes
+        the arm "not applied" with that reason instead of raising; a shared arm is tried
+        once, and undone, to know it before any step runs."""
         self.target = Step.of(
             self.workload,
             self.base_model,
@@ -76,10 +102,27 @@ class Arm:
             per_sample=self.shared,
         )
         if not self.shared:
-            transform(self.target, self.fixes, self._stack)
-            self._collect_notes()
+            self._transform(self._stack, refusal_is_not_applied)
+        elif refusal_is_not_applied:
+            with ExitStack() as dry_run:
+                self._transform(dry_run, True)
         self.samples_per_step = self.target.samples_per_step()
         self.reset_batches()
+
+    def _transform(self, stack: ExitStack, refusal_is_not_applied: bool) -> None:
+        if not refusal_is_not_applied:
+            transform(self.target, self.fixes, stack)
+            self._collect_notes()
+            return
+        refused = []
+        for fix in ordered(self.fixes):
+            try:
+                transform(self.target, (fix,), stack)
+            except UnsupportedFixError as exc:
+                refused.append(not_applied(fix.label, str(exc)))
+        self._collect_notes()
+        if refused:
+            self.proofs = tuple(refused)
 
     def reset_batches(self) -> None:
         """Start the batches again (a dataloader re-shuffles from the current RNG state)."""
@@ -101,12 +144,48 @@ class Arm:
     @contextmanager
     def active(self) -> Iterator[None]:
         """The arm's switches (and, on a shared model, its model-level changes) for a while."""
-        with ExitStack() as stack:
-            if self.shared:
-                transform(self.target, self.fixes, stack)
-                self._collect_notes()
-            stack.enter_context(ambient(self.target, self.fixes))
-            yield
+        before = dynamo_counts()
+        try:
+            with ExitStack() as stack:
+                if self.shared:
+                    transform(self.target, self.fixes, stack)
+                    self._collect_notes()
+                stack.enter_context(ambient(self.target, self.fixes))
+                yield
+        finally:
+            after = dynamo_counts()
+            self.dynamo.update({k: v - before.get(k, 0) for k, v in after.items()})
+
+    def prove(self, baseline: Observation | None) -> Observation:
+        """One untimed step of the arm, observed, and each fix's proof of effect from it.
+
+        The step's operators are counted (``op_census``) unless a fix bypasses the dispatcher
+        (compiled code), whose arm is run under the profiler instead (``compiled_regions``);
+        torch's switches and the environment are read inside the arm. The proofs are taken
+        while the arm is active: a shared arm's structural changes exist only then.
+        """
+        with self.active():
+            state = GlobalState.capture(env=False)
+            ops = compiled = None
+            missing = ""
+            if any(f.spec.bypasses_dispatcher for f in self.fixes):
+                compiled, _ = compiled_regions(self.target.run)
+                missing = "compiled code does not pass through the dispatcher"
+            else:
+                ops, _ = op_census(self.target.run)
+            observation = Observation(
+                step=self.target,
+                ops=ops,
+                ops_missing=missing,
+                compiled=compiled,
+                switches=dict(state.switches),
+                environ=dict(os.environ),
+                dynamo=dict(self.dynamo),
+            )
+            self.proofs = tuple(f.proof(observation, baseline) for f in self.fixes)
+        self.observation = observation
+        self._collect_notes()
+        return observation
 
     # -- stepping -----------------------------------------------------------------------
     def step(self, record: bool = False) -> tuple[float | None, float | None]:

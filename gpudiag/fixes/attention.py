@@ -17,7 +17,8 @@ from pydantic import field_validator
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
+from gpudiag.fixes.spec import FixParams, FixSpec, Step, register
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -40,6 +41,29 @@ SDPA_BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
     "math": "MATH",
 }
+# The fused kernels (gpudiag.profiling.census) each backend asks for; sdpa takes any of them.
+FUSED_KERNELS = {
+    "flash": ("flash",),
+    "efficient": ("efficient",),
+    "cudnn": ("cudnn",),
+    "flash_attn": ("flash_attn",),
+    "sdpa": ("flash", "efficient", "cudnn", "fused", "flash_attn"),
+}
+HAND_WRITTEN = "softmax(q @ k.transpose(-2, -1) * scale) @ v"
+# torch.nn.MultiheadAttention computes softmax between matmuls while it returns the attention
+# weights (need_weights=True, its default) or while dropout / masks rule the fused path out.
+BY_HAND_MHA = (
+    "call torch.nn.MultiheadAttention with need_weights=False (it then calls "
+    "scaled_dot_product_attention), or replace it with torch.nn.functional."
+    "scaled_dot_product_attention(q, k, v, ...) in the model's code"
+)
+# The change to make by hand when attention is written out (no switch reaches it).
+BY_HAND = (
+    f"replace {HAND_WRITTEN} in the model's attention with "
+    "torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...); "
+    'for a Hugging Face model, load it with attn_implementation="sdpa" '
+    '(from_pretrained(..., attn_implementation="sdpa"))'
+)
 
 
 class AttentionParams(FixParams):
@@ -68,6 +92,13 @@ def cpu_sdpa_backend_works(backend: str) -> tuple[bool, str]:
     return True, ""
 
 
+def _has_multihead_attention(model: Any) -> bool:
+    import torch
+
+    modules = model.modules() if hasattr(model, "modules") else ()
+    return any(isinstance(m, torch.nn.MultiheadAttention) for m in modules)
+
+
 def attention_configs(model: Any) -> list[Any]:
     """Distinct config objects with an ``_attn_implementation`` switch (Hugging Face style)."""
     if model is None:
@@ -88,7 +119,6 @@ def attention_configs(model: Any) -> list[Any]:
 @register
 class AttentionBackend(FixSpec):
     id = "attention.backend"
-    kind = FixKind.AMBIENT
     summary = (
         "Use a fused attention kernel instead of hand-written softmax(QK^T)V or SDPA's math path."
     )
@@ -235,9 +265,13 @@ class AttentionBackend(FixSpec):
         lines = []
         if backend != "eager":
             impl = HF_IMPLEMENTATION.get(backend, "sdpa")
-            lines.append(
-                f'model.config._attn_implementation = "{impl}"  # Hugging Face-style models'
-            )
+            lines += [
+                "# These lines reach only torch.nn.functional.scaled_dot_product_attention calls",
+                "# and a Hugging Face model's attention switch. Attention written by hand,",
+                f"# {HAND_WRITTEN}, stays as it is: replace it in the model's code with",
+                "# torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...).",
+                f'model = AutoModel.from_pretrained(name, attn_implementation="{impl}")  # HF',
+            ]
         if backend in SDPA_BACKENDS:
             lines += [
                 "from torch.nn.attention import SDPBackend, sdpa_kernel",
@@ -245,3 +279,81 @@ class AttentionBackend(FixSpec):
                 "    ...  # the training step",
             ]
         return lines
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """The arm's step must run the fused kernel asked for where the baseline ran softmax
+        between matmuls (hand-written attention or SDPA's math path), or the reverse for
+        ``math`` / ``eager``."""
+        backend = str(params.get("backend", "sdpa"))
+        ops = arm.ops
+        if ops is None:
+            return unverified(self.id, f"the arm's operators were not counted ({arm.ops_missing})")
+        base = baseline.ops if baseline is not None else None
+        evidence = f"arm: {ops.attention_text()}; baseline: " + (
+            base.attention_text() if base is not None else "not observed"
+        )
+        same = (
+            base is not None
+            and base.fused_attention == ops.fused_attention
+            and base.softmax_attention == ops.softmax_attention
+        )
+        if backend in ("math", "eager"):
+            if ops.fused_attention_calls or not ops.softmax_attention:
+                return not_applied(
+                    self.id,
+                    "fused attention kernels still ran"
+                    if ops.fused_attention_calls
+                    else "no attention ran in the step",
+                    evidence=evidence,
+                )
+            if same:
+                return not_applied(
+                    self.id,
+                    "the baseline already computes attention as softmax between matmuls: "
+                    f"{backend} changes nothing",
+                    evidence=evidence,
+                )
+            return applied(self.id, evidence)
+        wanted = FUSED_KERNELS.get(backend, FUSED_KERNELS["sdpa"])
+        fused = sum(ops.fused_attention[k] for k in wanted)
+        if fused:
+            if same:
+                return not_applied(
+                    self.id,
+                    f"the baseline already runs the same fused attention ({ops.attention_text()})"
+                    f": {backend} changes nothing",
+                    evidence=evidence,
+                )
+            if ops.softmax_attention:
+                evidence += f"; {ops.softmax_attention} attention call(s) still by hand"
+            return applied(self.id, evidence)
+        if ops.fused_attention_calls:
+            return not_applied(
+                self.id,
+                f"asked for {backend}, but the step ran {ops.attention_text()}",
+                evidence=evidence,
+            )
+        if ops.softmax_attention:
+            model = arm.step.base_model
+            mha = _has_multihead_attention(model)
+            switch = (
+                "its attention-implementation switch did not lead to scaled_dot_product_attention"
+                if attention_configs(model)
+                else "it has no attention-implementation switch (config._attn_implementation)"
+            )
+            what = (
+                "torch.nn.MultiheadAttention computes it as"
+                if mha
+                else "the model computes attention by hand"
+            )
+            return not_applied(
+                self.id,
+                f"{what} (softmax between matmuls, {ops.softmax_attention} per step): "
+                "attention.backend reaches only scaled_dot_product_attention calls and a "
+                f"Hugging Face-style switch, and {switch}",
+                manual=BY_HAND_MHA if mha else BY_HAND,
+                evidence=evidence,
+            )
+        return not_applied(self.id, "no attention ran in the step", evidence=evidence)

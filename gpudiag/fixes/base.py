@@ -10,21 +10,28 @@ from typing import TYPE_CHECKING, Any
 from gpudiag._report import card, esc, html_table, jsonable
 from gpudiag.errors import FixConflictError, FixError, UnsupportedFixError
 from gpudiag.fixes import _system
+from gpudiag.fixes.proof import Observation, Proof, ProofStatus
 from gpudiag.fixes.spec import (
     _REGISTRY,
+    NEED_TEXT,
     FixKind,
     FixParams,
     FixSpec,
+    Need,
     _model_device_type,
     claim_graph_capture,
     honour_autocast,
+    parse_value,
     register,
     replace_forward,
     to_float32,
 )
-from gpudiag.step import Step
+from gpudiag.step import Step, Workload
 
 if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import CoreSchema
+
     from gpudiag.probe.system import SystemReport
 
 
@@ -69,24 +76,49 @@ def _freeze(value: Any) -> Any:
 class Fix:
     """One fix with its parameters: ``gd.Fix("attention.backend", backend="flash")``.
 
-    Immutable and hashable; ``Fix.parse("attention.backend=flash")`` reads the command-line
-    spelling. ``supported(system)`` says whether this machine can take it and why not;
-    ``apply(model)`` applies it (returning a handle whose ``revert()`` undoes it);
-    ``with fix.applied(): ...`` applies it around a block.
+    The one type of a fix wherever it appears: a finding's next step, an arm of a comparison,
+    an entry of a recipe (with the ``evidence`` it was kept on). Immutable and hashable by id
+    and parameters (evidence is a note, not part of its identity); ``Fix.parse(
+    "attention.backend=flash")`` reads the command-line spelling; ``Fix(id, {"key": value})``
+    takes the parameters as a mapping too. ``supported(system)`` says whether this machine
+    can take it and why not; ``apply(model)`` applies it (returning a handle whose
+    ``revert()`` undoes it); ``with fix.applied(): ...`` applies it around a block.
     """
 
-    __slots__ = ("_params", "id")
+    __slots__ = ("_params", "evidence", "id")
 
     id: str
     _params: dict[str, Any]
+    evidence: Any
 
-    def __init__(self, id: str, **params: Any) -> None:
+    def __init__(
+        self,
+        id: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        evidence: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if params is not None and not isinstance(params, Mapping):
+            raise FixError(
+                f"parameters of fix {id!r} are a mapping or keyword arguments, "
+                f"got {type(params).__name__}"
+            )
         spec = get_spec(id)
         object.__setattr__(self, "id", id)
-        object.__setattr__(self, "_params", spec.validate(params))
+        object.__setattr__(self, "_params", spec.validate({**dict(params or {}), **kwargs}))
+        object.__setattr__(self, "evidence", evidence)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Fix is immutable: make a new one")
+
+    def with_evidence(self, evidence: Any) -> Fix:
+        """The same fix carrying ``evidence`` (what a comparison measured of it)."""
+        return Fix(self.id, self._params, evidence=evidence)
+
+    def to_fix(self) -> Fix:
+        """Itself (a finding's fix is a Fix; kept for code written against FixRef)."""
+        return self
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -105,7 +137,7 @@ class Fix:
                 key, eq, value = item.partition("=")
                 if not eq:
                     raise FixError(f"in {text!r}: write parameters as key=value, got {item!r}")
-                params[key.strip()] = _parse_value(value.strip())
+                params[key.strip()] = parse_value(value.strip())
             return cls(fix_id.strip(), **params)
         fix_id, eq, value = text.partition("=")
         fix_id = fix_id.strip()
@@ -117,7 +149,7 @@ class Fix:
                 f"fix {fix_id!r} has no main parameter; write {fix_id}:key=value. "
                 f"It takes: {spec.params_help()}"
             )
-        return cls(fix_id, **{spec.main_param: _parse_value(value.strip())})
+        return cls(fix_id, **{spec.main_param: parse_value(value.strip())})
 
     @classmethod
     def coerce(cls, value: Fix | str | Mapping[str, Any]) -> Fix:
@@ -132,9 +164,27 @@ class Fix:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fix:
+        """From ``{"id": ..., "params": {...}}`` (``to_dict()``'s form; its other keys, which
+        it derives, are ignored)."""
         if "id" not in data:
             raise FixError(f"a fix needs an 'id', got keys {sorted(data)}")
-        return cls(str(data["id"]), **dict(data.get("params") or {}))
+        params = data.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise FixError(f"params of fix {data['id']!r} must be a mapping")
+        return cls(str(data["id"]), params, evidence=data.get("evidence"))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """A Fix as a field of a pydantic model: validated from a Fix or its dict form,
+        written as ``{"id", "params"[, "evidence"]}``."""
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(
+            cls.coerce,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                _fix_data, when_used="always"
+            ),
+        )
 
     # -- facts ----------------------------------------------------------------------------
     @property
@@ -201,6 +251,32 @@ class Fix:
             return f"{self.label} is not implemented in this version of gpudiag"
         return ""
 
+    def missing(self) -> str:
+        """What must still be given before this fix changes anything ("" when nothing)."""
+        return self.spec.missing(self._params)
+
+    def unmet_needs(self, workload: Workload) -> str:
+        """Why ``workload`` cannot take this fix ("" when it can): what the fix needs
+        (``FixSpec.needs``) that the workload lacks."""
+        lacks = [
+            need
+            for need in sorted(self.spec.needs, key=lambda n: n.value)
+            if (need is Need.MODEL and workload.model is None)
+            or (need is Need.OWN_STEP and not workload.owns_step)
+            or (need is Need.DATALOADER and workload.dataloader is None)
+        ]
+        if not lacks:
+            return ""
+        return f"{self.label} needs " + "; and ".join(NEED_TEXT[n] for n in lacks)
+
+    def proof(self, arm: Observation, baseline: Observation | None = None) -> Proof:
+        """Whether this fix took effect in ``arm`` (see gpudiag.fixes.proof)."""
+        result = self.spec.proof(self._params, arm, baseline)
+        return Proof(self.label, result.status, result.evidence, result.reason, result.manual)
+
+    def memory_args(self) -> dict[str, Any]:
+        return self.spec.memory_args(self._params)
+
     def env(self) -> dict[str, str]:
         return self.spec.env(self._params)
 
@@ -250,16 +326,17 @@ class Fix:
         return self.label
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable(
-            {
-                "id": self.id,
-                "params": self._params,
-                "label": self.label,
-                "kind": self.kind.value,
-                "implemented": self.implemented,
-                "description": self.describe(),
-            }
-        )
+        data = {
+            "id": self.id,
+            "params": self._params,
+            "label": self.label,
+            "kind": self.kind.value,
+            "implemented": self.implemented,
+            "description": self.describe(),
+        }
+        if self.evidence is not None:
+            data["evidence"] = self.evidence
+        return jsonable(data)
 
     def _repr_html_(self) -> str:
         rows: list[tuple[object, object]] = [("kind", self.kind.value)]
@@ -281,15 +358,14 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def _parse_value(text: str) -> Any:
-    low = text.lower()
-    if low in {"true", "yes", "on"}:
-        return True
-    if low in {"false", "no", "off"}:
-        return False
-    if low in {"none", "null"}:
-        return None
-    return text  # pydantic turns "4" into 4 where the schema wants an int
+def _fix_data(fix: Fix) -> dict[str, Any]:
+    """A fix as data (a recipe entry): id, parameters, and its evidence when it has one."""
+    data: dict[str, Any] = {"id": fix.id, "params": jsonable(fix.params)}
+    evidence = fix.evidence
+    if evidence is not None:
+        dump = getattr(evidence, "model_dump", None)
+        data["evidence"] = dump(mode="json", exclude_none=True) if dump else jsonable(evidence)
+    return data
 
 
 # -- applying several fixes -------------------------------------------------------------------
@@ -319,6 +395,9 @@ def transform(step: Step, fixes: Iterable[Fix], stack: ExitStack) -> Step:
     cuda.graphs captures), undone when ``stack`` closes. The one way a fix changes a step:
     trials and :func:`apply_fixes` both call it."""
     for fix in ordered(fixes):
+        blocker = fix.live_blocker()
+        if blocker:
+            raise UnsupportedFixError(f"cannot apply {fix.label} live: {blocker}")
         fix.spec.prepare(fix.params, step, stack)
     return step
 
@@ -452,6 +531,10 @@ __all__ = [
     "FixKind",
     "FixParams",
     "FixSpec",
+    "Need",
+    "Observation",
+    "Proof",
+    "ProofStatus",
     "Step",
     "apply_fixes",
     "check_conflicts",
@@ -459,6 +542,7 @@ __all__ = [
     "get_spec",
     "honour_autocast",
     "ordered",
+    "parse_value",
     "register",
     "registry",
     "replace_forward",

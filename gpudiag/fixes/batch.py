@@ -17,7 +17,8 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from gpudiag.errors import FixError, UnsupportedFixError
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
+from gpudiag.fixes.spec import FixParams, FixSpec, Need, Step, register
 
 
 class BatchSizeParams(FixParams):
@@ -49,7 +50,7 @@ def resolve(params: Mapping[str, Any], batch_size: int) -> tuple[int, int]:
 @register
 class BatchSize(FixSpec):
     id = "batch.size"
-    kind = FixKind.STRUCTURAL
+    needs = frozenset({Need.OWN_STEP})
     trial_only = True
     summary = "Change the micro-batch size, with gradient accumulation to keep the global batch."
     Params = BatchSizeParams
@@ -58,6 +59,51 @@ class BatchSize(FixSpec):
     def describe(self, params: Mapping[str, Any]) -> str:
         parts = [f"{k}={v}" for k, v in params.items() if v is not None]
         return f"{self.summary} ({', '.join(parts)})" if parts else self.summary
+
+    def missing(self, params: Mapping[str, Any]) -> str:
+        if params.get("micro_batch") or params.get("global_batch"):
+            return ""
+        if int(params.get("accumulation") or 1) > 1:
+            return ""
+        return (
+            "batch.size needs a size: give batch.size=N (samples per forward and backward), "
+            "or batch.size:global_batch=N,micro_batch=M (M samples at a time, N per optimizer "
+            "step); without one it would measure a copy of the baseline"
+        )
+
+    def memory_args(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        micro = params.get("micro_batch")
+        return {"batch_size": int(micro)} if micro else {}
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Samples per optimizer step as asked: the micro-batches the arm's step really ran."""
+        step, ran = arm.step, arm.step.last_run
+        micro, accumulation = step.micro_batch, step.accumulation
+        if ran is None or micro is None:
+            return unverified(self.id, "the arm's step did not record its micro-batches")
+        asked = f"asked {micro} x {accumulation}"
+        if micro == step.batch_size and accumulation == 1:
+            return not_applied(
+                self.id,
+                f"{micro} x 1 samples per optimizer step is the baseline's own batch: "
+                "nothing changes",
+                manual="give a different size (batch.size=N)",
+            )
+        sizes = [s for s in ran.micro_batches if s is not None]
+        # A DataLoader's last batch of an epoch may be smaller than the others.
+        fits = sizes == [micro] * accumulation or (
+            step.dataloader is not None
+            and len(sizes) == accumulation
+            and all(s <= micro for s in sizes)
+        )
+        if len(ran.micro_batches) != accumulation or not fits:
+            return not_applied(self.id, f"the arm ran {ran}, not what was asked ({asked})")
+        base = baseline.step.last_run if baseline is not None else None
+        return applied(
+            self.id, f"{ran} ({asked}; baseline: {base if base is not None else 'not observed'})"
+        )
 
     def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
         if not target.owns_step or not target.batch_size:

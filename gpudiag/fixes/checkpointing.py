@@ -20,10 +20,11 @@ from typing import Any
 from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
 from gpudiag.fixes.spec import (
-    FixKind,
     FixParams,
     FixSpec,
+    Need,
     Step,
     register,
     replace_forward,
@@ -136,6 +137,8 @@ class CheckpointedForward:
         self.module = module
         self.previous = previous  # the instance's own forward before this one, if it had one
         self.stat_layers = _running_stat_layers(module)
+        self.checkpointed = 0  # forward calls that went through torch.utils.checkpoint
+        self.recomputed = 0  # of those, forwards run again during a backward pass
 
     @property
     def __wrapped__(self) -> Callable[..., Any]:
@@ -156,6 +159,11 @@ class CheckpointedForward:
         if kwargs:
             # bound here: checkpoint reads preserve_rng_state, debug, early_stop, ... by name
             forward = functools.partial(forward, **kwargs)
+        if not torch.compiler.is_compiling():
+            # Counted in eager mode only: traced, the counter would change the compiled graph
+            # (a compiled arm's proof is "unverified" anyway).
+            self.checkpointed += 1
+            forward = functools.partial(_counted, self, forward)
         extra: dict[str, Any] = {}
         if self.stat_layers and not torch.compiler.is_compiling():
             # compiled graphs apply buffer updates once, in the forward graph; dynamo cannot
@@ -168,10 +176,19 @@ class CheckpointedForward:
         return checkpoint(forward, *args, use_reentrant=False, **extra)
 
 
+def _counted(wrapper: CheckpointedForward, forward: Callable[..., Any], *args: Any) -> Any:
+    """``forward`` counting its runs inside a backward pass (the recomputation)."""
+    import torch
+
+    if torch._C._current_graph_task_id() != -1:
+        wrapper.recomputed += 1
+    return forward(*args)
+
+
 @register
 class ActivationCheckpointing(FixSpec):
     id = "activation.checkpointing"
-    kind = FixKind.STRUCTURAL
+    needs = frozenset({Need.MODEL})
     saves_memory = True
     summary = (
         "Recompute activations in the backward pass instead of keeping them "
@@ -210,14 +227,46 @@ class ActivationCheckpointing(FixSpec):
             raise UnsupportedFixError(_nothing_found(model, classes))
         n = int(params.get("every_n_layers", 1))
         wrapped = blocks[::n]
-        for block in wrapped:
-            _wrap(block, stack)
+        target.state[self.id] = [_wrap(block, stack) for block in wrapped]
         counts = Counter(type(b).__name__ for b in wrapped)
         what = ", ".join(f"{count} {name}" for name, count in counts.items())
         target.notes.append(
             f"activation.checkpointing: {len(wrapped)} of {len(blocks)} blocks checkpointed "
             f"({what})"
         )
+
+    def memory_args(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        n = int(params.get("every_n_layers", 1))
+        return {"checkpointing": n if n > 1 else True}
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Recomputation in the backward: checkpointed blocks whose forward ran again while
+        the gradients were computed (counted by the wrappers this fix installed)."""
+        wrappers = arm.step.state.get(self.id) or []
+        if not wrappers:
+            return not_applied(self.id, "no block of the arm's model was wrapped")
+        if arm.compiled is not None:
+            return unverified(
+                self.id,
+                f"{len(wrappers)} block(s) wrapped, but the arm is compiled: the recomputation "
+                "runs inside compiled code, where it cannot be counted",
+            )
+        checkpointed = sum(w.checkpointed for w in wrappers)
+        recomputed = sum(w.recomputed for w in wrappers)
+        evidence = (
+            f"{recomputed} block forward(s) recomputed in the backward over the arm's steps so "
+            f"far ({checkpointed} checkpointed forwards, {len(wrappers)} block(s) wrapped)"
+        )
+        if not recomputed:
+            return not_applied(
+                self.id,
+                "no checkpointed block was recomputed in the backward: the blocks ran without "
+                "gradients or in eval mode",
+                evidence=evidence,
+            )
+        return applied(self.id, evidence)
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         n = int(params.get("every_n_layers", 1))
@@ -237,8 +286,10 @@ class ActivationCheckpointing(FixSpec):
         ]
 
 
-def _wrap(block: Any, stack: ExitStack) -> None:
-    replace_forward(block, CheckpointedForward(block, vars(block).get("forward")), stack)
+def _wrap(block: Any, stack: ExitStack) -> CheckpointedForward:
+    wrapper = CheckpointedForward(block, vars(block).get("forward"))
+    replace_forward(block, wrapper, stack)
+    return wrapper
 
 
 def _nothing_found(model: Any, classes: tuple[str, ...]) -> str:

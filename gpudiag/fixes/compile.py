@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
 from gpudiag.fixes.spec import (
-    FixKind,
     FixParams,
     FixSpec,
     Step,
@@ -50,7 +51,10 @@ def cxx_compiler() -> str | None:
 @register
 class Compile(FixSpec):
     id = "compile"
-    kind = FixKind.STRUCTURAL
+    bypasses_dispatcher = True
+    first_steps_note = (
+        "compiled arms: the first step (compilation) is excluded from the timings; see first_step_s"
+    )
     summary = (
         "Compile the model with torch.compile (TorchDynamo + Inductor): fused kernels, "
         "fewer launches."
@@ -126,10 +130,36 @@ class Compile(FixSpec):
                     "use the returned model: torch.compile wraps it, the original is unchanged"
                 )
         else:
-            target.notes.append("compile: nothing to compile (no model and no step function given)")
+            raise UnsupportedFixError(
+                "compile: nothing to compile (no model and no step function given)"
+            )
         target.notes.append(
             "the first steps of a compiled model include compilation (reported separately)"
         )
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Compiled frames ran in the arm's step (the profiler's compiled regions and compiled
+        autograd functions), with Dynamo's frames compiled and graph breaks counted."""
+        runs = arm.compiled
+        if runs is None:
+            return unverified(self.id, "the arm's step was not observed under the profiler")
+        dynamo = arm.dynamo
+        counted = (
+            f"; Dynamo: {dynamo.get('frames', 0)} frame(s) compiled, "
+            f"{dynamo.get('graphs', 0)} graph(s), {dynamo.get('graph_breaks', 0)} graph break(s)"
+            if dynamo
+            else ""
+        )
+        if not runs.ran_compiled:
+            return not_applied(
+                self.id,
+                f"no compiled code ran in the arm's step ({runs}{counted}): Dynamo skipped the "
+                "code or fell back to running it eagerly",
+                evidence=f"{runs}{counted}",
+            )
+        return applied(self.id, f"{runs}{counted}")
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         mode = params.get("mode", "default")

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag.errors import GpuDiagError, UnsupportedFixError
 from gpudiag.fixes import _system
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied
 from gpudiag.fixes.spec import (
-    FixKind,
     FixSpec,
+    Need,
     Step,
     claim_graph_capture,
     register,
@@ -271,7 +272,7 @@ def _clone_param_grads(model: Any, stack: ExitStack) -> int:
 @register
 class CudaGraphs(FixSpec):
     id = "cuda.graphs"
-    kind = FixKind.STRUCTURAL
+    needs = frozenset({Need.OWN_STEP, Need.MODEL})
     summary = (
         "Capture the model's forward and backward as CUDA graphs "
         "(torch.cuda.make_graphed_callables) and replay them: a few launches per step "
@@ -321,9 +322,9 @@ class CudaGraphs(FixSpec):
             )
         claim_graph_capture(target, self.id, stack)
         previous = vars(model).get("forward")
-        replace_forward(
-            model, GraphedForward(model, previous, target.device_type, target.notes), stack
-        )
+        graphed = GraphedForward(model, previous, target.device_type, target.notes)
+        target.state[self.id] = graphed
+        replace_forward(model, graphed, stack)
         if target.accumulation > 1:
             n = _clone_param_grads(model, stack)
             target.notes.append(
@@ -331,6 +332,26 @@ class CudaGraphs(FixSpec):
                 f"of {n} parameters are copied out of the graph's buffers, which the next "
                 "replay overwrites (pytorch/pytorch#181723)"
             )
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Graph replays counted by the graphed forward this fix installed."""
+        graphed = arm.step.state.get(self.id)
+        if graphed is None:
+            return not_applied(self.id, "the arm's model has no graphed forward")
+        evidence = (
+            f"{graphed.replays} CUDA graph replay(s), {graphed.eager_calls} eager call(s) over "
+            "the arm's steps so far"
+        )
+        if not graphed.replays:
+            why = next((n for n in arm.step.notes if "ran eagerly" in n), "")
+            return not_applied(
+                self.id,
+                "the captured graphs never replayed" + (f" ({why})" if why else ""),
+                evidence=evidence,
+            )
+        return applied(self.id, evidence)
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         return [

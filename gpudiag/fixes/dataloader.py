@@ -16,7 +16,8 @@ from pydantic import Field
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes import _system
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
+from gpudiag.fixes.spec import FixParams, FixSpec, Need, Step, register
 from gpudiag.probe.host import usable_cpus
 from gpudiag.step import rebuild_loader
 
@@ -44,7 +45,7 @@ def auto_workers() -> int:
 @register
 class DataLoaderTuning(FixSpec):
     id = "dataloader.tuning"
-    kind = FixKind.STRUCTURAL
+    needs = frozenset({Need.OWN_STEP, Need.DATALOADER})
     trial_only = True
     summary = (
         "Load batches in worker processes (num_workers), into pinned memory, with workers kept "
@@ -81,6 +82,7 @@ class DataLoaderTuning(FixSpec):
         if params.get("pin_memory", True) and not pin:
             target.notes.append("dataloader.tuning: pin_memory left off (no CUDA device)")
         original = target.dataloader
+        target.state[self.id] = workers
         target.dataloader = rebuild_loader(
             original,
             num_workers=workers,
@@ -89,6 +91,36 @@ class DataLoaderTuning(FixSpec):
             prefetch_factor=params.get("prefetch_factor") if workers > 0 else None,
         )
         stack.callback(setattr, target, "dataloader", original)
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """The arm's DataLoader has the workers asked for, and they are alive."""
+        loader = arm.step.dataloader
+        asked = arm.step.state.get(self.id)
+        if loader is None or asked is None:
+            return not_applied(self.id, "the arm's step has no rebuilt DataLoader")
+        settings = (
+            f"num_workers={loader.num_workers}, pin_memory={loader.pin_memory}, "
+            f"persistent_workers={loader.persistent_workers}"
+        )
+        if loader.num_workers != asked:
+            return not_applied(self.id, f"the arm's DataLoader has {settings}, not {asked} workers")
+        if not asked:
+            return applied(self.id, f"{settings} read back from the arm's DataLoader")
+        workers = getattr(getattr(loader, "_iterator", None), "_workers", None)
+        if workers is None:
+            return unverified(
+                self.id,
+                f"{settings}; its worker processes are not kept between epochs "
+                "(persistent_workers=False), so they could not be counted",
+            )
+        alive = sum(1 for w in workers if w.is_alive())
+        if alive < asked:
+            return not_applied(
+                self.id, f"{alive} of {asked} DataLoader worker processes alive ({settings})"
+            )
+        return applied(self.id, f"{alive} DataLoader worker processes alive ({settings})")
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         workers = params.get("num_workers")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from gpudiag.errors import UnsupportedFixError
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied
+from gpudiag.fixes.spec import FixParams, FixSpec, register
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -22,12 +21,28 @@ _NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]+")
 
 
 class _Environment(FixSpec):
-    kind = FixKind.ENVIRONMENT
+    """Variables read when the process starts: exported (Recipe.to_env(), torchrun_command()),
+    never applied live; the proof reads them back in the process that runs."""
 
-    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
-        raise UnsupportedFixError(
-            f"{self.id} sets environment variables that are read when the process starts: export "
-            "them (Recipe.to_env() / torchrun_command()) and restart, they are not applied live"
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        wanted = self.env(params)
+        wrong = {k: v for k, v in wanted.items() if arm.environ.get(k) != v}
+        if not wrong:
+            return applied(
+                self.id,
+                ", ".join(f"{k}={v}" for k, v in wanted.items()) + " read back in the process",
+            )
+        seen = "; ".join(
+            f"{k} is {arm.environ[k]!r}" if k in arm.environ else f"{k} is not set" for k in wrong
+        )
+        return not_applied(
+            self.id,
+            f"{seen} in the process: environment variables are read when it starts",
+            manual="export "
+            + " ".join(f"{k}={v}" for k, v in wrong.items())
+            + " before starting (Recipe.to_env())",
         )
 
 
@@ -115,7 +130,6 @@ class SyncParams(FixParams):
 @register
 class SyncRemove(FixSpec):
     id = "sync.remove"
-    kind = FixKind.ADVICE
     summary = (
         "Remove host synchronisation from the training step (.item(), printing a tensor, .cpu(), "
         "torch.cuda.synchronize): keep values on the device and log every N steps."
@@ -126,6 +140,3 @@ class SyncRemove(FixSpec):
     def describe(self, params: Mapping[str, Any]) -> str:
         site = params.get("call_site")
         return f"{self.summary} Found at: {site}." if site else self.summary
-
-    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
-        raise UnsupportedFixError(f"sync.remove is advice: {self.describe(params)}")

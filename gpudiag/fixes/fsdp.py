@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.fixes.checkpointing import named_blocks, repeated_blocks
-from gpudiag.fixes.spec import FixKind, FixParams, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied
+from gpudiag.fixes.spec import FixParams, FixSpec, Need, Step, register
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -80,10 +81,38 @@ def shard_blocks(model: Any, params: Mapping[str, Any]) -> list[str]:
     return names
 
 
+def fsdp_proof(fix_id: str, model: Any) -> Proof:
+    """Module and parameter inspection of a model fully_shard was applied to."""
+    from torch.distributed.fsdp import FSDPModule
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5 keeps it under _tensor
+        from torch.distributed._tensor import DTensor
+
+    wrapped = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    params = list(model.parameters())
+    sharded = [
+        p for p in params if isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+    ]
+    if not wrapped or not sharded:
+        return not_applied(
+            fix_id,
+            f"{len(wrapped)} FSDP module(s), {len(sharded)} of {len(params)} parameter(s) "
+            "sharded: fully_shard did not reach the model",
+        )
+    ranks = sharded[0].device_mesh.size()
+    return applied(
+        fix_id,
+        f"{len(wrapped)} module(s) wrapped by fully_shard; {len(sharded)} of {len(params)} "
+        f"parameter(s) sharded (DTensor) over {ranks} rank(s)",
+    )
+
+
 @register
 class FsdpWrap(FixSpec):
     id = "fsdp.wrap"
-    kind = FixKind.STRUCTURAL
+    needs = frozenset({Need.MODEL})
     summary = (
         "Shard parameters, gradients and optimizer state across ranks with FSDP "
         "(fully_shard per block)."
@@ -130,6 +159,13 @@ class FsdpWrap(FixSpec):
             f"fsdp.wrap: fully_shard on {what} and the root across "
             f"{dist.get_world_size()} ranks (cannot be undone on this model)"
         )
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """The wrapper and its shards: modules fully_shard turned into FSDP modules, and
+        parameters held as sharded DTensors."""
+        return fsdp_proof(self.id, arm.step.model)
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         classes = tuple(params.get("wrap_classes") or ())

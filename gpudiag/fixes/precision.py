@@ -22,8 +22,8 @@ from pydantic import Field, field_validator
 
 from gpudiag.errors import FixConflictError, UnsupportedFixError
 from gpudiag.fixes import _system
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
 from gpudiag.fixes.spec import (
-    FixKind,
     FixParams,
     FixSpec,
     Step,
@@ -62,7 +62,6 @@ def tf32_enabled() -> Iterator[None]:
 @register
 class TF32(FixSpec):
     id = "precision.tf32"
-    kind = FixKind.AMBIENT
     summary = (
         "Let float32 matmuls and convolutions use TF32 tensor cores "
         "(torch.backends.cuda.matmul.allow_tf32, cudnn.allow_tf32, matmul precision 'high')."
@@ -90,6 +89,90 @@ class TF32(FixSpec):
             'torch.set_float32_matmul_precision("high")',
         ]
 
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """The switch read back inside the arm, and float32 matrix products that it governs."""
+        switch = arm.switches.get("cuda.matmul.allow_tf32")
+        if switch is not True:
+            return not_applied(
+                self.id, f"torch.backends.cuda.matmul.allow_tf32 read back {switch!r} in the arm"
+            )
+        if arm.ops is None:
+            return unverified(
+                self.id,
+                f"the switch is on, but the arm's operators were not counted ({arm.ops_missing})",
+            )
+        fp32 = arm.ops.gemm_dtypes.get("float32", 0)
+        if not fp32:
+            return not_applied(
+                self.id,
+                "no float32 matrix product or convolution ran "
+                f"({arm.ops.gemm_text()}): TF32 governs nothing in this step",
+            )
+        return applied(
+            self.id,
+            f"allow_tf32 read back True inside the arm; {fp32} float32 matrix products ran "
+            "under it (which kernels cuBLAS chose is not visible here)",
+        )
+
+
+def autocast_proof(
+    fix_id: str, dtype: str, arm: Observation, baseline: Observation | None
+) -> Proof:
+    """The arm's matrix products must run in ``dtype`` (``"bfloat16"``), where the baseline's
+    did not."""
+    ops = arm.ops
+    if ops is None:
+        return unverified(fix_id, f"the arm's operators were not counted ({arm.ops_missing})")
+    n, total = ops.gemm_dtypes.get(dtype, 0), ops.gemms
+    base = baseline.ops if baseline is not None else None
+    evidence = f"{n} of {total} matrix products in {dtype} (baseline: " + (
+        f"{base.gemm_text()})" if base is not None else "not observed)"
+    )
+    if not total:
+        return not_applied(fix_id, "the step ran no matrix product: autocast has nothing to change")
+    if not n:
+        return not_applied(
+            fix_id,
+            f"none of the step's {total} matrix products ran in {dtype} ({ops.gemm_text()}): "
+            "autocast did not reach them",
+            manual=f"run the forward pass and the loss under torch.autocast(device_type, "
+            f"dtype=torch.{dtype})",
+            evidence=evidence,
+        )
+    if base is not None and base.gemm_dtypes.get(dtype, 0) >= n:
+        return not_applied(
+            fix_id,
+            f"the baseline's matrix products already run in {dtype} ({base.gemm_text()}): "
+            "nothing to change",
+            evidence=evidence,
+        )
+    return applied(fix_id, evidence)
+
+
+@contextmanager
+def autocast_scope(target: Step, fix_id: str, dtype: Any, with_scaler: bool) -> Iterator[None]:
+    """The Step's autocast dtype (and for fp16 its GradScaler, one per Step, kept between
+    entries so its scale carries over) while entered."""
+    import torch
+
+    if target.autocast_dtype not in (None, dtype) or (
+        target.scaler is not None and not with_scaler
+    ):
+        raise FixConflictError(f"{fix_id} cannot be combined with another precision fix")
+    before = (target.autocast_dtype, target.scaler)
+    target.autocast_dtype = dtype
+    if with_scaler:
+        scaler = target.state.get(fix_id)
+        if scaler is None:
+            scaler = target.state[fix_id] = torch.amp.GradScaler(target.device_type)
+        target.scaler = scaler
+    try:
+        yield
+    finally:
+        target.autocast_dtype, target.scaler = before
+
 
 def _cpu_low_precision(system: SystemReport | None, dtype: str) -> tuple[bool, str]:
     flags = _system.cpu_flags(system)
@@ -116,7 +199,6 @@ def _cpu_low_precision(system: SystemReport | None, dtype: str) -> tuple[bool, s
 @register
 class BF16(FixSpec):
     id = "precision.bf16"
-    kind = FixKind.AMBIENT
     summary = (
         "Run the forward pass and the loss under bf16 autocast "
         "(torch.autocast(dtype=torch.bfloat16)); "
@@ -133,19 +215,20 @@ class BF16(FixSpec):
             return ok, "" if ok else why
         return _system.gpu_has(system, "bf16", "bf16", "8.0+", "; try precision.fp16 instead")
 
-    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         import torch
 
-        if target.autocast_dtype is not None or target.scaler is not None:
-            raise FixConflictError("precision.bf16 cannot be combined with another precision fix")
-        target.autocast_dtype = torch.bfloat16
         # Deliberately no GradScaler: bf16 has float32's exponent range, gradients do not
         # underflow, and a scaler would only add work.
+        return autocast_scope(target, self.id, torch.bfloat16, with_scaler=False)
 
-        def clear() -> None:
-            target.autocast_dtype = None
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        return autocast_proof(self.id, "bfloat16", arm, baseline)
 
-        stack.callback(clear)
+    def memory_args(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {"precision": "bf16"}
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         return [
@@ -159,7 +242,10 @@ class BF16(FixSpec):
 @register
 class FP16(FixSpec):
     id = "precision.fp16"
-    kind = FixKind.AMBIENT
+    after_apply = (
+        "scaler = applied.scaler  # fp16 in your step:",
+        "#   scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()",
+    )
     summary = (
         "Run the forward pass and the loss under fp16 autocast, with a GradScaler that scales the "
         "loss so small gradients do not underflow."
@@ -187,24 +273,29 @@ class FP16(FixSpec):
             )
         return True, ""
 
-    def prepare(self, params: Mapping[str, Any], target: Step, stack: ExitStack) -> None:
+    def scope(self, params: Mapping[str, Any], target: Step) -> Any:
         import torch
 
-        if target.autocast_dtype is not None or target.scaler is not None:
-            raise FixConflictError("precision.fp16 cannot be combined with another precision fix")
-        target.autocast_dtype = torch.float16
-        target.scaler = torch.amp.GradScaler(target.device_type)
-        if not target.owns_step:
-            target.notes.append(
-                "fp16 needs the returned GradScaler in your step: scaler.scale(loss).backward(); "
-                "scaler.step(optimizer); scaler.update()"
-            )
+        note = (
+            "fp16 needs the returned GradScaler in your step: scaler.scale(loss).backward(); "
+            "scaler.step(optimizer); scaler.update()"
+        )
+        if not target.owns_step and note not in target.notes:
+            target.notes.append(note)
+        return autocast_scope(target, self.id, torch.float16, with_scaler=True)
 
-        def clear() -> None:
-            target.autocast_dtype = None
-            target.scaler = None
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        result = autocast_proof(self.id, "float16", arm, baseline)
+        if result.applied and arm.step.scaler is None:
+            return not_applied(self.id, "fp16 ran without its GradScaler", evidence=result.evidence)
+        if result.applied:
+            return applied(self.id, result.evidence + "; loss scaled by a GradScaler")
+        return result
 
-        stack.callback(clear)
+    def memory_args(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {"precision": "fp16"}
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         return [
@@ -402,7 +493,6 @@ class FP8(FixSpec):
     """
 
     id = "precision.fp8"
-    kind = FixKind.STRUCTURAL
     summary = (
         "Swap linear layers for Transformer Engine modules and run them under TE's FP8 autocast "
         "with a delayed-scaling recipe (format, amax history)."
@@ -463,6 +553,7 @@ class FP8(FixSpec):
             )
         swapped: list[tuple[str, Any, Any]] = []
         stack.callback(_restore, model, swapped)  # registered first: a half-done swap is undone
+        target.state[self.id] = swapped
         for name, layer in convert:
             replacement = te_linear(te, layer)
             _put(model, name, replacement)
@@ -477,6 +568,20 @@ class FP8(FixSpec):
                 "precision.fp8 gave the converted layers new parameters: build the optimizer "
                 "from the model's parameters after applying it"
             )
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Module inspection: the arm's model holds te.Linear layers under TE's FP8 autocast
+        (TE's FP8 GEMMs are its own kernels, not operators the step's census can count)."""
+        swapped = arm.step.state.get(self.id) or []
+        if not swapped:
+            return not_applied(self.id, "no Linear layer of the arm's model was converted")
+        return applied(
+            self.id,
+            f"{len(swapped)} Linear layer(s) are te.Linear under TE's FP8 autocast (module "
+            "inspection; the FP8 GEMMs themselves are untested on a real GPU here)",
+        )
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         fmt = params.get("fp8_format", "HYBRID")

@@ -1,17 +1,20 @@
-"""What a fix is: its kind, typed parameters, target, spec protocol, and the registry the
-spec modules add themselves to (they import this module, never gpudiag.fixes.base)."""
+"""What a fix is: typed parameters, its hooks (and the kind that follows from them), what it
+needs, how it proves it took effect, what it changes in a memory estimate, and the registry
+the spec modules add themselves to (they import this module, never gpudiag.fixes.base)."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpudiag.errors import FixError, UnsupportedFixError
+from gpudiag.fixes.proof import Observation, Proof, unverified
 from gpudiag.step import Step
 
 if TYPE_CHECKING:
@@ -19,32 +22,93 @@ if TYPE_CHECKING:
 
 
 class FixKind(str, enum.Enum):
-    """How a fix reaches the code it changes; each fix id has one kind, part of its contract."""
+    """How a fix reaches the code it changes; it follows from the hooks a spec implements."""
 
-    AMBIENT = "ambient"  # switches and context managers around any code, a notebook cell included
-    STRUCTURAL = "structural"  # transforms a copy of the model / optimizer / dataloader in a trial
-    ENVIRONMENT = "environment"  # environment variables: needs a new process, exported not applied
-    ADVICE = "advice"  # a change to the user's code that gpudiag can only describe
+    AMBIENT = "ambient"  # scope: a context around any code's calls, a notebook cell included
+    STRUCTURAL = "structural"  # prepare: transforms a copy of the model / optimizer / data
+    ENVIRONMENT = "environment"  # env: variables read at start, exported not applied live
+    ADVICE = "advice"  # no hook: a change to the user's code that gpudiag can only describe
+
+
+class Need(str, enum.Enum):
+    """What a fix needs of the workload it is tried on."""
+
+    MODEL = "model"  # a torch.nn.Module to change
+    OWN_STEP = "own step"  # gpudiag runs forward, loss, backward and optimizer itself
+    DATALOADER = "dataloader"  # the workload reads its batches from a torch DataLoader
+
+
+NEED_TEXT = {
+    Need.MODEL: "a model (a torch.nn.Module): gd.Workload(model, batch=..., loss=...)",
+    Need.OWN_STEP: (
+        "gpudiag's own training step (gd.Workload(model, batch=... or dataloader=..., "
+        "loss=...)), not a step function"
+    ),
+    Need.DATALOADER: "a torch DataLoader: gd.Workload(model, dataloader=..., loss=...)",
+}
+
+_BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def parse_value(text: str) -> Any:
+    """One spelling of values for every ``key=value`` gpudiag reads (fix parameters,
+    ``--set`` of the demo workloads): true/yes/on, false/no/off, none/null, integers,
+    decimal numbers, else the text itself."""
+    low = text.strip().lower()
+    if low in _BOOLEANS:
+        return _BOOLEANS[low]
+    if low in {"none", "null"}:
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 class FixParams(BaseModel):
-    """Parameters of one fix: unknown names are rejected, values are typed and immutable."""
+    """Parameters of one fix: unknown names are rejected, values are typed and immutable
+    (a number given for a text parameter, as ``key=12`` reads, is taken as its text)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+def _kind_from_hooks(cls: type[FixSpec]) -> FixKind:
+    if cls.env is not FixSpec.env:
+        return FixKind.ENVIRONMENT
+    if cls.scope is not FixSpec.scope:
+        return FixKind.AMBIENT
+    if cls.prepare is not FixSpec.prepare:
+        return FixKind.STRUCTURAL
+    return FixKind.ADVICE
 
 
 class FixSpec:
-    """One entry of the registry. Subclasses set the class attributes and override hooks.
+    """One entry of the registry: everything about one fix id. Callers ask it; they never
+    branch on its id.
 
-    Hooks: ``supported`` (can this machine take it), ``prepare`` (one-time changes to the
-    trial's target, undone through ``stack``), ``scope`` (process-wide switches, entered around
-    each step so interleaved arms never see each other's switches), ``env`` (environment
-    fixes), ``code`` (the plain PyTorch lines a training script would use).
+    Hooks (the fix's kind follows from which it implements: ``env`` environment, ``scope``
+    ambient, ``prepare`` structural, none advice): ``supported`` (can this machine take it),
+    ``prepare`` (one-time changes to the trial's Step, undone through ``stack``), ``scope``
+    (a context entered around each of the Step's calls, so interleaved arms never see each
+    other's switches), ``env`` (environment variables), ``code`` (the plain PyTorch lines a
+    training script would use), ``proof`` (did it take effect, read from the arm's own step),
+    ``memory_args`` (what it changes in ``gd.estimate_memory``), ``missing`` (a parameter the
+    user must still give). ``needs``: what the workload must have.
     """
 
     id: ClassVar[str]
     kind: ClassVar[FixKind]
     summary: ClassVar[str]
+    needs: ClassVar[frozenset[Need]] = frozenset()
+    # Compiled code does not pass through the dispatcher: an arm with such a fix is observed
+    # through the profiler (compiled regions), not by counting its operators.
+    bypasses_dispatcher: ClassVar[bool] = False
+    # Said once under a comparison with an arm that has this fix (its first steps differ).
+    first_steps_note: ClassVar[str] = ""
+    # Lines a training script adds after ``Recipe.apply`` (``to_python()``), e.g. fp16's scaler.
+    after_apply: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type[FixParams]] = FixParams
     main_param: ClassVar[str | None] = None  # ``attention.backend=flash`` sets this parameter
     group: ClassVar[str | None] = None  # at most one fix of a group in one trial
@@ -57,6 +121,15 @@ class FixSpec:
     trial_only: ClassVar[bool] = False
     trial_only_reason: ClassVar[str] = "changes the batches of gpudiag's trials only"
     order: ClassVar[int] = 50  # application order: compile (90) wraps, cuda.graphs (95) captures
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__}: a fix's kind follows from its hooks (env, scope, prepare); "
+                "do not set it"
+            )
+        cls.kind = _kind_from_hooks(cls)
 
     # -- parameters -----------------------------------------------------------------------
     def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,6 +185,23 @@ class FixSpec:
     def code(self, params: Mapping[str, Any]) -> list[str]:
         return []
 
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """Whether this fix took effect in ``arm`` (the arm's own step), against the baseline's
+        step; the default: it cannot be told."""
+        return unverified(self.id, "this fix declares no way to check that it took effect")
+
+    def memory_args(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of ``gd.estimate_memory`` that describe this fix (``precision``,
+        ``checkpointing``, ``batch_size``, ``parallelism``); empty when it changes none."""
+        return {}
+
+    def missing(self, params: Mapping[str, Any]) -> str:
+        """What the user must still give before this fix changes anything ("" when
+        nothing): ``batch.size`` without a size would measure a copy of the baseline."""
+        return ""
+
     def not_implemented(self, params: Mapping[str, Any]) -> UnsupportedFixError:
         return UnsupportedFixError(
             f"fix {self.id!r} is not implemented in this version of gpudiag (it is defined so "
@@ -126,6 +216,18 @@ def register(cls: type[FixSpec]) -> type[FixSpec]:
     """Class decorator: add a spec to the registry under its ``id``."""
     _REGISTRY[cls.id] = cls()
     return cls
+
+
+@contextlib.contextmanager
+def registered(cls: type[FixSpec]) -> Iterator[FixSpec]:
+    """A spec in the registry for a while (a control arm, a fix under test), then removed."""
+    if cls.id in _REGISTRY:
+        raise FixError(f"fix id {cls.id!r} is already registered")
+    spec = _REGISTRY[cls.id] = cls()
+    try:
+        yield spec
+    finally:
+        _REGISTRY.pop(cls.id, None)
 
 
 def _model_device_type(model: Any) -> str | None:

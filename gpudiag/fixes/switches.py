@@ -6,7 +6,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from gpudiag.fixes.spec import FixKind, FixSpec, Step, register
+from gpudiag.fixes.proof import Observation, Proof, applied, not_applied, unverified
+from gpudiag.fixes.spec import FixSpec, Step, register
 
 if TYPE_CHECKING:
     from gpudiag.probe.system import SystemReport
@@ -27,7 +28,6 @@ def cudnn_benchmark_enabled() -> Iterator[None]:
 @register
 class CudnnBenchmark(FixSpec):
     id = "cudnn.benchmark"
-    kind = FixKind.AMBIENT
     summary = (
         "Set torch.backends.cudnn.benchmark = True: cuDNN tries its convolution algorithms "
         "once per "
@@ -52,3 +52,27 @@ class CudnnBenchmark(FixSpec):
 
     def code(self, params: Mapping[str, Any]) -> list[str]:
         return ["torch.backends.cudnn.benchmark = True"]
+
+    def proof(
+        self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
+    ) -> Proof:
+        """The switch read back inside the arm, and convolutions that it governs."""
+        switch = arm.switches.get("cudnn.benchmark")
+        if switch is not True:
+            return not_applied(
+                self.id, f"torch.backends.cudnn.benchmark read back {switch!r} in the arm"
+            )
+        if arm.ops is None:
+            return unverified(
+                self.id,
+                f"the switch is on, but the arm's operators were not counted ({arm.ops_missing})",
+            )
+        if not arm.ops.convolutions:
+            return not_applied(
+                self.id, "the step ran no convolution: cudnn.benchmark governs nothing here"
+            )
+        return applied(
+            self.id,
+            f"cudnn.benchmark read back True inside the arm; {arm.ops.convolutions} "
+            "convolution call(s) ran under it",
+        )

@@ -11,7 +11,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpudiag.experiment.compare import Comparison
 
 BASELINE_COLOR = "#bab0ac"
-_VERDICT_COLORS = {"faster": "#54a24b", "slower": "#e45756", "no significant difference": "#4c78a8"}
+_VERDICT_COLORS = {
+    "faster": "#54a24b",
+    "slower": "#e45756",
+    "no significant difference": "#4c78a8",
+    "undecided": "#9d9d9d",
+}
+
+
+def _bar(length: float) -> float:
+    """An error bar's length; none where too few rounds gave no interval (infinite)."""
+    return length if math.isfinite(length) else 0.0
 
 
 def comparison_figure(comparison: Comparison) -> Any:
@@ -65,8 +75,12 @@ def comparison_figure(comparison: Comparison) -> Any:
                 error_x={
                     "type": "data",
                     "symmetric": False,
-                    "array": [a.speedup.high - a.speedup.value for a in measured if a.speedup],
-                    "arrayminus": [a.speedup.value - a.speedup.low for a in measured if a.speedup],
+                    "array": [
+                        _bar(a.speedup.high - a.speedup.value) for a in measured if a.speedup
+                    ],
+                    "arrayminus": [
+                        _bar(a.speedup.value - a.speedup.low) for a in measured if a.speedup
+                    ],
                 },
                 text=[esc(f"{a.verdict}: {a.speedup}") for a in measured],
                 hovertemplate="%{text}<extra></extra>",

@@ -5,17 +5,24 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpudiag._report import card, esc, html_grid, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
-from gpudiag.fixes import AppliedFixes, Fix, FixKind, apply_fixes, check_conflicts
+from gpudiag.fixes import AppliedFixes, Fix, FixKind, Observation, apply_fixes, check_conflicts
 from gpudiag.recipe.shell import check_env_name, env_value
 
 if TYPE_CHECKING:
@@ -62,8 +69,12 @@ class Evidence(BaseModel):
     speedup_low: float | None = None
     speedup_high: float | None = None
     confidence: float | None = None
-    verdict: Literal["faster", "slower", "no significant difference"] | None = None
+    verdict: Literal["faster", "slower", "no significant difference", "undecided"] | None = None
     arm: str | None = None  # the arm it was measured in (a combination names all its fixes)
+    # Its proof of effect in that arm ("applied (2 fused (flash) attention calls; ...)"), and
+    # whether every fix of the arm was proven to take effect.
+    proof: str | None = None
+    verified: bool | None = None
     step_time_s: float | None = None
     baseline_step_time_s: float | None = None
     rounds: int | None = Field(None, ge=0)
@@ -88,6 +99,10 @@ class Evidence(BaseModel):
                 pct = f"{self.confidence:.0%} " if self.confidence else ""
                 ci = f" ({pct}CI {self.speedup_low:.2f}-{self.speedup_high:.2f}x)"
             parts.append(f"{self.speedup:.2f}x{ci}")
+        if self.verdict is not None:
+            parts.append(self.verdict)
+        if self.verified is False:
+            parts.append("unverified (no proof the fix took effect)")
         if self.loss_drift is not None:
             parts.append(f"loss drift {self.loss_drift * 100:.2g}%")
         if self.hardware:
@@ -95,23 +110,39 @@ class Evidence(BaseModel):
         return ", ".join(parts) or "no evidence recorded"
 
 
-class RecipeFix(BaseModel):
-    """One fix of a recipe: a known id, parameters its schema accepts, and its evidence."""
+_ENTRY_KEYS = frozenset({"id", "params", "evidence"})
 
-    model_config = ConfigDict(extra="forbid")
 
-    id: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    evidence: Evidence | None = None
+def _entry(value: Any) -> Any:
+    """A recipe entry as a Fix: ``{"id", "params", "evidence"}`` (no other key), the fix known
+    and its parameters valid (FixError otherwise), the evidence an :class:`Evidence`."""
+    if isinstance(value, Fix):
+        evidence = value.evidence
+        if evidence is None or isinstance(evidence, Evidence):
+            return value
+        return value.with_evidence(Evidence.model_validate(evidence))
+    if not isinstance(value, dict):
+        raise ValueError(f"a recipe entry is a mapping (id, params, evidence), got {value!r}")
+    unknown = sorted(set(value) - _ENTRY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(map(str, unknown))} in a recipe entry")
+    if not isinstance(value.get("id"), str):
+        raise ValueError("a recipe entry needs an id (a fix id such as precision.bf16)")
+    params = value.get("params") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"params of {value['id']} must be a mapping")
+    evidence = value.get("evidence")
+    return Fix(
+        value["id"],
+        params,
+        evidence=None if evidence is None else Evidence.model_validate(evidence),
+    )
 
-    @model_validator(mode="after")
-    def _known(self) -> RecipeFix:
-        fix = Fix(self.id, **self.params)  # FixError (a ValueError) for unknown ids or params
-        object.__setattr__(self, "params", fix.params)
-        return self
 
-    def fix(self) -> Fix:
-        return Fix(self.id, **self.params)
+# One fix of a recipe is a gd.Fix (its ``evidence`` an Evidence); ``RecipeFix(id=..., params=
+# ..., evidence=...)`` builds one.
+RecipeFix = Fix
+RecipeEntry = Annotated[Fix, BeforeValidator(_entry)]
 
 
 class Recipe(BaseModel):
@@ -130,7 +161,7 @@ class Recipe(BaseModel):
     created_at: str = ""
     workload: str | None = None
     hardware: str | None = None
-    fixes: list[RecipeFix] = Field(default_factory=list)
+    fixes: list[RecipeEntry] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
     @field_validator("schema_version")
@@ -147,7 +178,7 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _compatible(self) -> Recipe:
-        check_conflicts(f.fix() for f in self.fixes)
+        check_conflicts(self.fixes)
         return self
 
     # -- construction ---------------------------------------------------------------------
@@ -156,13 +187,11 @@ class Recipe(BaseModel):
         cls, fixes: Iterable[Fix | str], *, workload: str | None = None, notes: Sequence[str] = ()
     ) -> Recipe:
         """A recipe from fixes alone (no evidence), e.g. to export a hand-picked set."""
-        items = [Fix.coerce(f) for f in fixes]
-        return cls._build(
-            [RecipeFix(id=f.id, params=f.params) for f in items], workload=workload, notes=notes
-        )
+        items = [Fix.coerce(f).with_evidence(None) for f in fixes]
+        return cls._build(items, workload=workload, notes=notes)
 
     @classmethod
-    def _build(cls, fixes: list[RecipeFix], **kwargs: Any) -> Recipe:
+    def _build(cls, fixes: list[Fix], **kwargs: Any) -> Recipe:
         from gpudiag._version import __version__
 
         return cls(
@@ -177,7 +206,7 @@ class Recipe(BaseModel):
     def from_comparison(cls, comparison: Any, arms: Sequence[Any]) -> Recipe:
         """The fixes of ``arms``, best first (conflicts and repeats dropped), with evidence."""
         base = comparison.baseline
-        chosen: list[RecipeFix] = []
+        chosen: list[Fix] = []
         groups: set[str] = set()
         ranked = sorted(arms, key=lambda a: a.speedup.value if a.speedup else 0.0, reverse=True)
         notes = []
@@ -187,11 +216,7 @@ class Recipe(BaseModel):
                 if group in groups:
                     continue
                 groups.add(group)
-                chosen.append(
-                    RecipeFix(
-                        id=fix.id, params=fix.params, evidence=_evidence(comparison, arm, base)
-                    )
-                )
+                chosen.append(fix.with_evidence(_evidence(comparison, arm, base, fix)))
         if not chosen:
             notes.append(
                 "no fix was both faster and numerically close to the baseline in this comparison"
@@ -277,7 +302,7 @@ class Recipe(BaseModel):
         return header + yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def fix_objects(self) -> list[Fix]:
-        return [f.fix() for f in self.fixes]
+        return list(self.fixes)
 
     def env_vars(self) -> dict[str, str]:
         """The environment the recipe's environment fixes set; every name is checked against
@@ -340,7 +365,7 @@ class Recipe(BaseModel):
         from gpudiag.recipe.launch import slurm_script
 
         summary = [f"gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
-        summary += [f"  {f.fix().label}" for f in self.fixes]
+        summary += [f"  {f.label}" for f in self.fixes]
         return slurm_script(
             self.env_vars(),
             script,
@@ -365,7 +390,7 @@ class Recipe(BaseModel):
             lines.append(f"# measured on {_one_line(self.hardware)}")
         for f in self.fixes:
             evidence = f" - {f.evidence.summary()}" if f.evidence else ""
-            lines.append(f"#   {_one_line(f.fix().label + evidence)}")
+            lines.append(f"#   {_one_line(f.label + evidence)}")
         env = self.to_env()
         if env:
             lines.append("# Environment fixes must be set before the process starts:")
@@ -377,11 +402,7 @@ class Recipe(BaseModel):
             "print(applied)  # what was applied; what this machine cannot do is skipped, with why",
             "model = applied.model  # torch.compile returns a wrapper: use this one",
         ]
-        if any(f.id == "precision.fp16" for f in self.fixes):
-            lines += [
-                "scaler = applied.scaler  # fp16 in your step:",
-                "#   scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()",
-            ]
+        lines += list(dict.fromkeys(line for f in self.fixes for line in f.spec.after_apply))
         plain = [
             line
             for fix in self.fix_objects()
@@ -442,12 +463,10 @@ class Recipe(BaseModel):
         )
         for fix in fixes:
             if fix.kind is FixKind.ENVIRONMENT:
-                missing = {k: v for k, v in fix.env().items() if os.environ.get(k) != v}
-                if missing:
-                    text = " ".join(f"{k}={shlex.quote(v)}" for k, v in missing.items())
-                    applied.skipped.append(
-                        (fix, f"set before the process starts (recipe.to_env()): {text}")
-                    )
+                # Its proof reads the variables back in this process.
+                proof = fix.proof(Observation(step=applied.target, environ=dict(os.environ)))
+                if proof.not_applied:
+                    applied.skipped.append((fix, f"{proof.reason}: {proof.manual}"))
                 else:
                     applied.fixes.append(fix)
         return applied
@@ -462,8 +481,7 @@ class Recipe(BaseModel):
             lines.append(f"  measured on {self.hardware}")
         for f in self.fixes:
             lines.append(
-                f"  {f.fix().label}: "
-                + (f.evidence.summary() if f.evidence else "no evidence recorded")
+                f"  {f.label}: " + (f.evidence.summary() if f.evidence else "no evidence recorded")
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -473,7 +491,7 @@ class Recipe(BaseModel):
 
     def _repr_html_(self) -> str:
         rows = [
-            [f.fix().label, f.fix().kind.value, f.evidence.summary() if f.evidence else "none"]
+            [f.label, f.kind.value, f.evidence.summary() if f.evidence else "none"]
             for f in self.fixes
         ]
         facts = html_table(
@@ -498,19 +516,22 @@ def _error_text(err: Any) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
-def _evidence(comparison: Any, arm: Any, base: Any) -> Evidence:
+def _evidence(comparison: Any, arm: Any, base: Any, fix: Fix) -> Evidence:
     facts = comparison.system or {}
+    proof = next((p for p in arm.proofs if p.fix == fix.label), None)
     drift = arm.drift
     mem = arm.memory
     base_mem = base.memory
     sp = arm.speedup
     return Evidence(
         speedup=sp.value if sp else None,
-        speedup_low=sp.low if sp else None,
-        speedup_high=sp.high if sp else None,
+        speedup_low=sp.low if sp and sp.bounded else None,
+        speedup_high=sp.high if sp and sp.bounded else None,
         confidence=sp.confidence if sp else None,
         verdict=arm.verdict,
         arm=arm.label,
+        proof=str(proof) if proof is not None else None,
+        verified=arm.verified,
         step_time_s=arm.step_time.median_s if arm.step_time.n else None,
         baseline_step_time_s=base.step_time.median_s if base.step_time.n else None,
         rounds=arm.step_time.n,

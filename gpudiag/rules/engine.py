@@ -186,8 +186,13 @@ class Diagnosis:
     def try_fix(self, which: int | str | Any = 0, **compare_options: Any) -> Any:
         """Try a recommended fix on the diagnosed workload with ``gd.compare`` (the notebook
         spelling of "Try it"): ``which`` is an index into ``recommended()``, a fix id, or a
-        ``gd.Fix``. ``compare_options`` go to ``gd.compare`` (``time_budget_s=``, ...)."""
-        from gpudiag.errors import GpuDiagError
+        ``gd.Fix``. ``compare_options`` go to ``gd.compare`` (``time_budget_s=``, ...).
+
+        A fix that needs parameters the diagnosis did not give (``"batch.size"`` when no
+        finding recommended a size) is refused with what to give (``batch.size=N``): tried
+        as it is, it would measure a copy of the baseline.
+        """
+        from gpudiag.errors import FixError, GpuDiagError
 
         if self.workload is None:
             raise GpuDiagError(
@@ -211,6 +216,11 @@ class Diagnosis:
             fix = found[0]
         else:
             fix = which
+        from gpudiag.fixes import Fix
+
+        missing = Fix.coerce(fix).missing()
+        if missing:
+            raise FixError(missing)
         if self.trial is None:
             raise GpuDiagError(
                 "this diagnosis has no trial runner: make it with gd.diagnose(workload=...) "

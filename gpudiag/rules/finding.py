@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpudiag._report import esc, jsonable
+from gpudiag.fixes import Fix
 
 
 class Severity(str, enum.Enum):
@@ -53,27 +53,9 @@ class Evidence:
         return f"{self.name} = {value}{unit}{source}"
 
 
-@dataclass(frozen=True, slots=True)
-class FixRef:
-    """A fix to try: a fix id (``precision.bf16``) and its parameters (a ``gd.Fix`` on demand)."""
-
-    id: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_fix(self) -> Any:
-        from gpudiag.fixes import Fix
-
-        return Fix(self.id, **dict(self.params))
-
-    def __str__(self) -> str:
-        """The spelling the CLI, magics and recipes take (``attention.backend=flash``)."""
-        from gpudiag.errors import GpuDiagError
-
-        try:
-            return str(self.to_fix().label)
-        except GpuDiagError:  # an id this version has no spec for: say it as it was given
-            args = ",".join(f"{k}={v}" for k, v in self.params.items())
-            return f"{self.id}:{args}" if args else self.id
+# A finding's next step is a gd.Fix, the one type of a fix (finding, trial arm, recipe entry):
+# ``FixRef("batch.size", {"micro_batch": 16})`` is ``Fix("batch.size", {"micro_batch": 16})``.
+FixRef = Fix
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +68,7 @@ class Finding:
     message: str  # one line
     evidence: tuple[Evidence, ...] = ()
     threshold: str = ""  # the rule's trigger, in words: "DataLoader > 5 % of step time"
-    fix: FixRef | None = None
+    fix: Fix | None = None
     instruction: str = ""
     estimated_gain: float | None = None  # fraction of step time the fix could save, when known
     rule: str = ""

@@ -14,7 +14,9 @@ from gpudiag.rules.engine import not_evaluated_html
 from gpudiag.ui.fallback import TextFallback
 
 _FULL = widgets.Layout(width="100%")
-_OUTCOME_COLORS = {"faster": "#2e7d32", "slower": "#c62828"}
+_OUTCOME_COLORS = {"faster": "#2e7d32", "slower": "#c62828", "not applied": "#ef6c00"}
+# Verdicts that say a fix, proven to take effect, did not help: only these retract the advice.
+_DID_NOT_HELP = ("slower", "no significant difference")
 _NEUTRAL = "#546e7a"
 
 
@@ -24,11 +26,15 @@ class TrialOutcome:
 
     A fix helped when ``Comparison.kept()`` keeps it: faster, or (a memory fix) peak memory
     cut enough, without large drift. Slower, no different, failed or not measured did not.
+    ``retracts``: the measurement says the fix, shown to take effect, does not help here
+    (slower, or no significant difference), so the card stops recommending it; a fix that
+    could not be applied live, or an undecided measurement, keeps the finding's own advice.
     """
 
     text: str
     helped: bool
     verdict: str | None = None
+    retracts: bool = False
 
 
 def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
@@ -36,14 +42,24 @@ def trial_outcome(result: Any, fix: Any) -> TrialOutcome:
         arm = result.arm(fix)
     except GpuDiagError as exc:
         return TrialOutcome(f"not measured: {exc}", False)
+    if arm.verdict == "not applied":
+        return TrialOutcome(
+            f"could not be applied live: {arm.not_applied_reason}", False, arm.verdict
+        )
     if arm.error is not None or arm.verdict is None or arm.speedup is None:
         return TrialOutcome(f"{arm.label} failed: {arm.error or 'not measured'}", False)
     helped = any(a.label == arm.label for a in result.kept())
-    text = f"{arm.label} measured {arm.verdict} here: {arm.speedup}"
+    if arm.verdict == "undecided":
+        text = f"{arm.label} undecided here ({arm.speedup}): {arm.needs}"
+    else:
+        text = f"{arm.label} measured {arm.verdict} here: {arm.speedup}"
+    if not arm.verified:
+        text += f" (unverified: {arm.unverified_reason or 'no proof the fix took effect'})"
     saving = result.memory_saving(arm)
     if saving > 0:
         text += f", peak memory {saving:.0%} lower"
-    return TrialOutcome(text, helped, arm.verdict)
+    retracts = not helped and arm.verdict in _DID_NOT_HELP
+    return TrialOutcome(text, helped, arm.verdict, retracts)
 
 
 class DiagnosisView(TextFallback, widgets.VBox):
@@ -108,13 +124,20 @@ class DiagnosisView(TextFallback, widgets.VBox):
         outcome = self.outcomes.get(index)
         if outcome is None:
             return str(finding.html())
-        if not outcome.helped:
-            # Measured here and it did not help: the card stops recommending the fix.
+        if outcome.retracts:
+            # Measured here, it took effect and did not help: the card stops recommending it.
             finding = dataclasses.replace(
                 finding, fix=None, instruction=f"keep it as it is: {finding.fix} did not help here"
             )
         colour = _OUTCOME_COLORS.get(outcome.verdict or "", _NEUTRAL)
-        mark = "tried, helped" if outcome.helped else "tried, did not help"
+        if outcome.verdict == "not applied":
+            mark = "tried, could not be applied live"
+        elif outcome.helped:
+            mark = "tried, helped"
+        elif outcome.retracts:
+            mark = "tried, did not help"
+        else:
+            mark = "tried, no answer yet" if outcome.verdict == "undecided" else "tried, failed"
         banner = (
             f"<div class='gpudiag-trial' style='border-left:3px solid {colour};padding-left:6px;"
             f"margin-top:2px'><b style='color:{colour}'>{esc(mark)}</b>: "
@@ -130,7 +153,7 @@ class DiagnosisView(TextFallback, widgets.VBox):
         button = widgets.Button(description=f"Try {finding.fix}", icon="play")
         button.layout.width = "auto"
         out = widgets.Output(layout=_FULL)
-        blocker = finding.fix.to_fix().live_blocker()
+        blocker = finding.fix.live_blocker() or finding.fix.missing()
         if self.diagnosis.workload is None:
             button.disabled = True
             button.tooltip = "no workload: run gd.diagnose(workload=...) to try fixes here"
@@ -153,7 +176,7 @@ class DiagnosisView(TextFallback, widgets.VBox):
         button.disabled = True
         button.description = f"running {finding.fix} ..."
         out.clear_output()
-        fix = finding.fix.to_fix()
+        fix = finding.fix
         options = dict(self.compare_options)
         # A button callback has no cell of its own: the bar is drawn in the finding's output.
         options.setdefault("progress", ProgressBar(f"Try {finding.fix}", output=out))
@@ -175,7 +198,10 @@ class DiagnosisView(TextFallback, widgets.VBox):
             self.results[index] = result
             if hasattr(result, "arm"):
                 self.outcomes[index] = trial_outcome(result, fix)
-                button.button_style = "" if self.outcomes[index].helped else "warning"
+                outcome = self.outcomes[index]
+                button.button_style = (
+                    "" if outcome.helped or outcome.verdict == "undecided" else ("warning")
+                )
                 self.cards[index].value = self._card_html(index)
             from gpudiag.ui.figures import comparison_view
 

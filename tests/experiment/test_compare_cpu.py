@@ -61,7 +61,11 @@ def test_user_model_is_untouched_in_both_isolation_modes(copies: bool, bf16_cpu:
     c = compare(wl, ["precision.bf16"], system=bf16_cpu, copies=copies, **QUICK)
     assert _unchanged(before, wl.model)
     assert ("deep copy" in c.isolation) is copies
-    assert c.verdict() in ("faster", "slower", "no significant difference")
+    # 4 rounds at most: too few for any 95 % verdict, whatever the timings (it used to be
+    # judged from them).
+    assert c.verdict() == "undecided"
+    assert c.arm().needs.startswith("4 round(s); a verdict at 95% needs at least 6")
+    assert c.arm().verified  # bf16 autocast reached the CNN's convolutions and matmuls
     assert c.baseline.memory is not None
     assert c.baseline.memory.peak_bytes
     assert c.baseline.memory.peak_bytes > 0
@@ -104,6 +108,9 @@ def test_attention_switch_on_an_hf_style_model_is_applied_and_undone(bf16_cpu: A
     assert wl.model.config._attn_implementation == "eager"
     arm = c.arm()
     assert any("'eager' to 'sdpa'" in n for n in arm.notes)
+    (proof,) = arm.proofs
+    assert proof.applied
+    assert proof.evidence == "arm: 1 fused (flash); baseline: 1 softmax between matmuls"
     # sdpa computes the same attention: only rounding separates the two
     assert arm.drift is not None
     assert arm.drift.loss_rel is not None

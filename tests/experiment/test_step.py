@@ -12,7 +12,7 @@ from torch import nn
 import gpudiag as gd
 from gpudiag.experiment import workload as experiment_workload
 from gpudiag.fixes import Fix, apply_fixes
-from gpudiag.fixes.base import transform
+from gpudiag.fixes.base import ambient, transform
 from gpudiag.step import Step, Workload, WorkloadError
 
 
@@ -106,13 +106,16 @@ def test_grad_sync_is_told_which_micro_batch_is_the_last() -> None:
     assert step.last_loss.requires_grad is False
 
 
-def test_bf16_transform_puts_the_forward_under_autocast(bf16_cpu: Any) -> None:
+def test_bf16_scope_puts_the_forward_under_autocast(bf16_cpu: Any) -> None:
+    # bf16 is ambient: its hook is a scope around the step's calls (transform leaves it).
     model = Recorder()
     step = Step.of(regression(model))
     with ExitStack() as stack:
         transform(step, [Fix("precision.bf16")], stack)
-        assert step.autocast_dtype == torch.bfloat16
-        step.run()
+        assert step.autocast_dtype is None
+        with ambient(step, [Fix("precision.bf16")]):
+            assert step.autocast_dtype == torch.bfloat16
+            step.run()
     assert step.autocast_dtype is None
     step.run()
     assert [on for _, on in model.seen] == [True, False]

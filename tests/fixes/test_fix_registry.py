@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -143,3 +144,62 @@ def test_advice_fix_carries_the_call_site() -> None:
     assert "train.py:42 loss.item()" in fix.describe()
     with pytest.raises(UnsupportedFixError, match="advice"):
         fix.apply(check=False)
+
+
+def test_one_value_parser_for_fix_parameters_and_workload_overrides() -> None:
+    from gpudiag.commands.compare import parse_overrides
+    from gpudiag.fixes import parse_value
+
+    spellings = ["true", "yes", "on", "false", "no", "off", "none", "null", "4", "0.5", "flash"]
+    parsed = [parse_value(s) for s in spellings]
+    assert parsed == [True, True, True, False, False, False, None, None, 4, 0.5, "flash"]
+    # --set and a fix's key=value read values the same way (they used to disagree on yes/on)
+    assert parse_overrides([f"k={s}" for s in spellings[:3]]) == {"k": True}
+    loose = Fix.parse("dataloader.tuning:num_workers=2,pin_memory=no,persistent_workers=off")
+    assert loose == Fix(
+        "dataloader.tuning", num_workers=2, pin_memory=False, persistent_workers=False
+    )
+    # a number given for a text parameter is its text
+    assert Fix.parse("sync.remove=12").params == {"call_site": "12"}
+
+
+def test_fix_is_the_one_type_of_a_finding_a_trial_and_a_recipe_entry() -> None:
+    from gpudiag.recipe import Evidence, Recipe, RecipeFix
+    from gpudiag.rules.finding import FixRef
+
+    assert FixRef is Fix
+    assert RecipeFix is Fix
+    entry = RecipeFix(id="batch.size", params={"micro_batch": 8}, evidence=Evidence(speedup=2.0))
+    assert entry == Fix("batch.size", micro_batch=8) == FixRef("batch.size", {"micro_batch": 8})
+    assert entry.evidence.speedup == 2.0
+    recipe = Recipe(fixes=[entry])
+    data = recipe.to_dict()["fixes"][0]
+    assert data == {
+        "id": "batch.size",
+        "params": {"micro_batch": 8, "accumulation": 1, "global_batch": None},
+        "evidence": {"speedup": 2.0},
+    }
+    assert Recipe.from_dict(recipe.to_dict()).fixes[0].evidence == Evidence(speedup=2.0)
+    from gpudiag.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"unknown key\(s\) surprise in a recipe entry"):
+        Recipe.from_dict({"fixes": [{"id": "compile", "surprise": 1}]})
+
+
+def test_a_fix_kind_follows_from_its_hooks() -> None:
+    from gpudiag.fixes import FixSpec
+
+    class Ambient(FixSpec):
+        id = "test.ambient"
+        summary = "x"
+
+        def scope(self, params: Any, target: Any) -> Any:
+            return None
+
+    assert Ambient.kind is FixKind.AMBIENT
+    with pytest.raises(TypeError, match="follows from its hooks"):
+
+        class Declared(FixSpec):
+            id = "test.declared"
+            summary = "x"
+            kind = FixKind.STRUCTURAL

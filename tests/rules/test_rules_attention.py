@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudiag.analysis.trace import analyze_trace
+from gpudiag.fixes import Fix
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
 from gpudiag.rules.finding import Severity
 from tests.analysis.trace.test_trace_attention import EagerAttention, SdpaAttention, _profile
@@ -63,7 +64,7 @@ def test_eager_attention_on_the_gpu_is_the_top_finding_not_alignment(tmp_path: P
     assert top.id == "attention.eager"
     assert top.fix is not None
     assert top.fix.id == "attention.backend"
-    assert top.fix.params == {"backend": "sdpa"}
+    assert top.fix == Fix("attention.backend", backend="sdpa")
     assert 'attn_implementation="sdpa"' in top.instruction
     assert top.severity is Severity.HIGH
     assert top.estimated_gain is not None

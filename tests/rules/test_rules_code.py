@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpudiag.fixes import Fix
 from gpudiag.probe.system import SystemReport, inspect
 from gpudiag.rules.engine import EvidenceBundle, run_rules
 from gpudiag.rules.finding import Severity
@@ -118,7 +119,7 @@ def test_more_workers_than_cores() -> None:
     diagnosis = run_rules(EvidenceBundle(system=four, code=code, env={}))
     finding = next(f for f in diagnosis.findings if f.id == "code.dataloader_workers_exceed_cores")
     assert finding.fix is not None
-    assert finding.fix.params == {"num_workers": 3}
+    assert finding.fix == Fix("dataloader.tuning", num_workers=3)
     assert "code.dataloader_workers_exceed_cores" not in _ids(code.replace("16", "2"), four)
 
 

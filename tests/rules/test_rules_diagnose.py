@@ -344,3 +344,27 @@ def test_evidence_prints_large_figures_without_an_exponent() -> None:
     )
     assert str(Evidence("wait", 0.000123, "s")) == "wait = 0.000123 s"
     assert str(Evidence("share", 56.634)) == "share = 56.6"
+
+
+def test_try_fix_of_an_unrecommended_fix_without_its_size_names_what_to_give() -> None:
+    # No batch finding recommends a size: "batch.size" alone would measure a copy of the
+    # baseline (it used to, and reported "no significant difference").
+    from gpudiag.errors import GpuDiagError
+
+    calls: list[Any] = []
+
+    def trial(*args: Any, **options: Any) -> str:
+        calls.append(args)
+        return "ran"
+
+    finding = Finding("x", Severity.HIGH, "c", "m", fix=FixRef("precision.bf16"))
+    diagnosis = dataclasses.replace(
+        run_rules(EvidenceBundle(workload=object()), only=()), findings=(finding,), trial=trial
+    )
+    for which in ("batch.size", FixRef("batch.size")):
+        with pytest.raises(GpuDiagError, match=r"batch\.size needs a size: give batch\.size=N"):
+            diagnosis.try_fix(which)
+    assert calls == []
+    assert diagnosis.try_fix("batch.size=16") == "ran"
+    (_, fixes, *_), *_ = calls
+    assert fixes[0].params["micro_batch"] == 16

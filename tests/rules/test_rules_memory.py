@@ -9,6 +9,7 @@ import pytest
 import gpudiag as gd
 from gpudiag import workloads
 from gpudiag.analysis.memory_estimate import estimate_transformer
+from gpudiag.fixes import Fix
 from gpudiag.probe.cuda_memory import AllocatorStats
 from gpudiag.probe.system import inspect
 from gpudiag.rules import Diagnosis, Finding
@@ -37,7 +38,7 @@ def test_fragmentation_from_a_real_snapshot() -> None:
     finding = _ids(fragmented)["memory.fragmentation"]
     assert finding.fix is not None
     assert finding.fix.id == "allocator.config"
-    assert finding.fix.params == {"expandable_segments": True}
+    assert finding.fix == Fix("allocator.config", expandable_segments=True)
     full = memory_findings(
         snapshot=gd.analyze_memory_snapshot(SNAPSHOTS / "flexgen-fork-opt-oom_snapshot.pickle")
     )

@@ -15,6 +15,7 @@ from gpudiag.analysis.nccl import (
     pcie_gen_of,
 )
 from gpudiag.analysis.trace import analyze_trace
+from gpudiag.fixes import Fix
 from gpudiag.probe.nccl_topo import parse_nccl_topo_xml
 from gpudiag.probe.topology import load_topology
 from gpudiag.recipe import Recipe
@@ -196,7 +197,7 @@ def test_ib_disabled_on_a_machine_with_an_infiniband_nic() -> None:
     ib = found["env.nccl.ib_disable"]
     assert ib.severity is Severity.HIGH  # type: ignore[attr-defined]
     assert "mlx5_0" in ib.message  # type: ignore[attr-defined]
-    assert found["env.nccl.net"].fix.params == {"variables": {"NCCL_NET": "IB"}}  # type: ignore[attr-defined]
+    assert found["env.nccl.net"].fix == Fix("nccl.env", variables={"NCCL_NET": "IB"})
     # Without a topology the NICs are unknown: the same variable is only a low finding.
     unknown = _env_findings({"NCCL_IB_DISABLE": "1"})
     assert unknown["env.nccl.ib_disable"].severity is Severity.LOW  # type: ignore[attr-defined]

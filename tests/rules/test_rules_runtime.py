@@ -11,6 +11,7 @@ import torch
 
 from gpudiag.analysis.trace import TraceReport, analyze_trace
 from gpudiag.doctor import diagnose
+from gpudiag.fixes import Fix
 from gpudiag.probe.readings import ok
 from gpudiag.probe.system import SystemReport, inspect
 from gpudiag.rules.engine import Diagnosis, EvidenceBundle, run_rules
@@ -221,7 +222,7 @@ def test_math_only_sdpa_points_at_the_best_fused_kernel(
     assert finding.severity is Severity.LOW
     assert finding.fix is not None
     assert finding.fix.id == "attention.backend"
-    assert dict(finding.fix.params) == {"backend": backend}
+    assert finding.fix == Fix("attention.backend", backend=backend)
     assert finding.fix.to_fix().supported(_system(fixtures_dir, xml), "cuda")[0]
 
 
@@ -233,7 +234,7 @@ def test_a_fused_backend_the_gpu_runs_keeps_sdpa_fast(fixtures_dir: Path) -> Non
     flash_only = {**_MATH_ONLY, "sdp_flash": True}
     finding = _found(_run(flash_only, system=t4), "runtime.sdpa_math_only")
     assert finding is not None
-    assert dict(finding.fix.params) == {"backend": "efficient"}  # type: ignore[union-attr]
+    assert finding.fix == Fix("attention.backend", backend="efficient")
 
 
 def test_flash_off_on_the_cpu_is_found() -> None:
@@ -241,7 +242,7 @@ def test_flash_off_on_the_cpu_is_found() -> None:
         _run({"sdp_flash": False, "sdp_math": True}, system=cpu_system()), "runtime.sdpa_math_only"
     )
     assert finding is not None
-    assert dict(finding.fix.params) == {"backend": "flash"}  # type: ignore[union-attr]
+    assert finding.fix == Fix("attention.backend", backend="flash")
     assert "this CPU" in finding.message
     defaults = {"sdp_flash": True, "sdp_mem_efficient": True, "sdp_math": True, "sdp_cudnn": True}
     assert _found(_run(defaults, system=cpu_system()), "runtime.sdpa_math_only") is None

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpudiag.experiment.batch_scaling import BatchScaling
+from gpudiag.fixes import Fix
 from gpudiag.rules.engine import EvidenceBundle, run_rules
 from gpudiag.rules.finding import Severity
 
@@ -26,7 +27,7 @@ def test_a_step_that_barely_grows_with_the_batch_is_high() -> None:
     (finding,) = _run(_scaling(0.010, 0.011))  # 4x the samples for 1.1x the time
     assert finding.severity is Severity.HIGH
     assert finding.fix is not None
-    assert (finding.fix.id, dict(finding.fix.params)) == ("batch.size", {"micro_batch": 8})
+    assert finding.fix == Fix("batch.size", micro_batch=8)
     assert finding.estimated_gain is not None
     assert abs(finding.estimated_gain - (1 - 0.011 / 0.040)) < 1e-9
 

@@ -13,6 +13,7 @@ from gpudiag.analysis.trace.breakdown import TimeBreakdown
 from gpudiag.analysis.trace.launches import LaunchStats
 from gpudiag.analysis.trace.ledger import DATALOADER_IDLE, LAUNCH_IDLE, SYNC_IDLE, LedgerRow
 from gpudiag.analysis.trace.syncs import SyncEvent
+from gpudiag.fixes import Fix
 from gpudiag.rules.engine import EvidenceBundle, run_rules
 from gpudiag.rules.finding import Severity
 
@@ -228,7 +229,7 @@ def test_launch_bound_suggests_compile_reduce_overhead(fixtures_dir: Path) -> No
     launch = next(f for f in diagnosis.findings if f.id == "launch.launch_bound")
     assert launch.severity is Severity.HIGH
     assert launch.fix is not None
-    assert launch.fix.params == {"mode": "reduce-overhead"}
+    assert launch.fix == Fix("compile", mode="reduce-overhead")
     assert "launch.launch_bound" not in _findings(trace)
 
 
@@ -320,4 +321,4 @@ def test_memory_headroom_offers_twice_the_workloads_batch(fixtures_dir: Path) ->
     )
     (finding,) = run_rules(evidence, only=["memory.headroom_unused"]).findings
     assert finding.fix is not None
-    assert (finding.fix.id, dict(finding.fix.params)) == ("batch.size", {"micro_batch": 48})
+    assert finding.fix == Fix("batch.size", micro_batch=48)

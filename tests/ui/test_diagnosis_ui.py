@@ -82,15 +82,25 @@ def test_a_fix_that_cannot_run_live_is_disabled_with_its_reason() -> None:
             fix=FixRef("sync.remove", {"call_site": "train.py(12): step"}),
         ),
         Finding("env.x", Severity.LOW, "environment", "x", fix=FixRef("allocator.config")),
-        Finding("batch", Severity.HIGH, "steps", "tiny batch", fix=FixRef("batch.size")),
+        Finding(
+            "batch",
+            Severity.HIGH,
+            "steps",
+            "tiny batch",
+            fix=FixRef("batch.size", {"micro_batch": 16}),
+        ),
+        Finding("batch.bare", Severity.LOW, "steps", "no size", fix=FixRef("batch.size")),
     )
     view = DiagnosisView(Diagnosis(findings, (), (), (), workload=object()))
-    advice, env, batch = view.buttons
+    advice, env, batch, bare = view.buttons
     assert advice.disabled
     assert "advice only" in advice.tooltip
     assert env.disabled
     assert "new process" in env.tooltip
     assert not batch.disabled  # batch.size runs in trials
+    # Without a size it would measure a copy of the baseline: it says what to give instead.
+    assert bare.disabled
+    assert bare.tooltip.startswith("batch.size needs a size: give batch.size=N")
 
 
 def _timed_step(clock: Any, bf16_factor: float) -> Any:
@@ -99,7 +109,10 @@ def _timed_step(clock: Any, bf16_factor: float) -> Any:
 
     from gpudiag.experiment.workload import Workload
 
+    ones = torch.ones(2, 2)
+
     def step() -> float:
+        torch.mm(ones, ones)  # a matrix product bf16 autocast is seen to reach (its proof)
         fast = torch.is_autocast_enabled("cpu")
         clock.advance(0.010 * (bf16_factor if fast else 1.0))
         return 1.0
@@ -191,3 +204,43 @@ def test_buttons_use_the_cli_spelling_of_a_fix() -> None:
     from gpudiag.fixes import Fix
 
     assert Fix.parse("attention.backend=flash") == findings[0].fix.to_fix()
+
+
+def test_a_fix_that_could_not_be_applied_live_keeps_the_findings_advice(bf16_cpu: Any) -> None:
+    # A newcomer's model with attention written by hand: attention.backend cannot reach it.
+    # The card used to say "keep it as it is: attention.backend did not help here".
+    import torch
+
+    from gpudiag.experiment.workload import Workload
+    from tests.fixes.test_fix_proofs import Blocks, HandAttention
+
+    model = Blocks(HandAttention)
+    workload = Workload(
+        model,
+        batch=torch.randn(2, 8, 16),
+        loss=lambda m, b: m(b).square().mean(),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+        batch_size=2,
+    )
+    findings = (
+        Finding(
+            "attention.hand_written",
+            Severity.MEDIUM,
+            "attention",
+            "softmax between matmuls",
+            fix=FixRef("attention.backend", {"backend": "flash"}),
+            instruction="use a fused attention kernel",
+        ),
+    )
+    diagnosis = Diagnosis(findings, (), (), (), workload=workload, system=bf16_cpu)
+    view = DiagnosisView(diagnosis, measure_memory=False, max_rounds=3, min_rounds=2, drift_steps=1)
+    view.buttons[0].click()
+    outcome = view.outcomes[0]
+    assert (outcome.verdict, outcome.helped, outcome.retracts) == ("not applied", False, False)
+    card = view.cards[0].value
+    assert "tried, could not be applied live" in card
+    assert "could not be applied live: the model computes attention by hand" in card
+    assert "scaled_dot_product_attention(q, k, v" in card  # the change to make by hand
+    assert "next: try attention.backend=flash: use a fused attention kernel" in card
+    assert "did not help here" not in card
+    assert view.buttons[0].button_style == "warning"

@@ -571,8 +571,7 @@ def analyze_trace(
 
 
 def _with_rank(report: RankReport, rank: int) -> RankReport:
-    """A report analysed before the ranks were known (rank -1), given its rank: its ledger's
-    too."""
+    """A report analysed before its rank was known (-1), with its rank: its ledger's too."""
     ledger = report.ledger
     if ledger is not None:
         ledger = dataclasses.replace(ledger, rank=rank)
