@@ -118,6 +118,26 @@ class DeviceProperties:
             raw=dict(row),
         )
 
+    def spec(self) -> Any:
+        """This device's row of the spec table (``gpudiag.specs.GpuSpec``: NVIDIA by name, AMD
+        Instinct by name or by compute units and memory); None when the table lacks it or
+        cannot be read."""
+        try:
+            from gpudiag import specs
+
+            return specs.lookup_device(
+                self.name, sm_count=self.num_sms, memory_bytes=self.total_memory_bytes
+            )
+        except Exception:  # an unknown or malformed spec table must not break a trace report
+            return None
+
+    def roofline_system(self) -> Any:
+        """What ``gd.roofline`` takes for this device: its name where the spec table knows it
+        by that name (an NVIDIA GPU, whose recorded name is the more precise), else its row (an
+        AMD Instinct, matched by name or by size), else the name."""
+        spec = self.spec()
+        return spec if spec is not None and spec.vendor != "nvidia" else self.name
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
