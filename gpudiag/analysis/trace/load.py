@@ -513,8 +513,10 @@ class _Columns:
 
     def __init__(self) -> None:
         self.kind = array("b")
-        self.name = array("i")
-        self.thread = array("i")
+        # Name and thread ids: int16 while the trace has under 32768 of each (real ones have
+        # hundreds of names and a few threads): 4 bytes a row saved on the two.
+        self.name = _Column()
+        self.thread = _Column()
         self.ts = array("d")
         self.dur = array("d")
         self.row = {f.name: _Column(f.is_float) for f in ROW_FIELDS}
@@ -575,10 +577,10 @@ class _Columns:
         first_row = len(self.ts)
         _append(self.kind, kind_col)
         names = np.fromiter(map(self.names.__getitem__, map(_NAME, complete)), np.int32, n)
-        _append(self.name, names)
+        self.name.extend(names)
         pid_tid = zip(map(_PID, complete), map(_TID, complete), strict=True)
         threads = map(self.threads.__getitem__, pid_tid)
-        _append(self.thread, np.fromiter(threads, np.int32, n))
+        self.thread.extend(np.fromiter(threads, np.int32, n))
         _append(self.ts, ts)
         self._add_durations(complete)
         args = list(map(_ARGS, complete))
@@ -720,7 +722,7 @@ class _Columns:
         )
         kind = np_of(self.kind, np.int8)  # writable: this object is dropped after freezing
         step_ids = [i for n, i in self.names.items() if n.startswith(STEP_PREFIX)]
-        name_col = np_of(self.name, np.int32)
+        name_col = self.name.freeze()
         if step_ids:
             # ProfilerStep#N is a user_annotation in new traces, an "Operator" in old ones.
             host = member_of(kind.view(np.uint8), (Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER), 256)
@@ -729,7 +731,7 @@ class _Columns:
         return Events(
             kind=kind,
             name=name_col,
-            thread=np_of(self.thread, np.int32),
+            thread=self.thread.freeze(),
             ts=np_of(self.ts, np.float64),
             dur=np_of(self.dur, np.float64),
             correlation=columns["correlation"],

@@ -208,8 +208,8 @@ class Events:
     """
 
     kind: I8
-    name: I32
-    thread: I32
+    name: Ids
+    thread: Ids
     ts: F64
     dur: F64
     correlation: Ids
