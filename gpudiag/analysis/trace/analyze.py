@@ -44,6 +44,7 @@ from gpudiag.analysis.trace.model import (
     Events,
     Kind,
     RankTrace,
+    dense_codes,
 )
 from gpudiag.analysis.trace.nesting import Nesting, nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
@@ -81,11 +82,18 @@ def _launch_rows(events: Events, rows: I64) -> I64:
 
 
 def _per_key(keys: np.ndarray, value_of: Callable[[int], object]) -> np.ndarray:
-    """``value_of(key)`` for each of ``keys`` (an object array), called once per distinct key."""
-    uniq, inv = np.unique(keys, return_inverse=True)
+    """``value_of(key)`` for each of ``keys`` (non-negative ints), called once per distinct
+    key."""
+    if keys.size and keys.max() < _DENSE_KEYS:
+        uniq, inv = dense_codes(keys)  # a table lookup, no sort
+    else:
+        uniq, inv = np.unique(keys, return_inverse=True)
     values = np.empty(uniq.size, dtype=object)
     values[:] = [value_of(k) for k in uniq.tolist()]
     return values[inv.reshape(-1)]
+
+
+_DENSE_KEYS = 1 << 22  # keys below it are counted in a table (at most 32 MB)
 
 
 def _categories(events: Events, rows: I64) -> np.ndarray:
@@ -96,22 +104,40 @@ def _categories(events: Events, rows: I64) -> np.ndarray:
 
 def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
     """The dtype each launching operator's recorded Input type says (None: not recorded)."""
+    out = np.full(op_rows.size, None, dtype=object)
     inputs = events.inputs
     if not inputs or op_rows.size == 0:
-        return np.full(op_rows.size, None, dtype=object)
-
-    def dtype(o: int) -> str | None:
-        types = inputs[o].types if o in inputs else None
-        return dtype_of(types) if types else None
-
-    return _per_key(op_rows, dtype)
+        return out
+    # The operators with recorded inputs, sorted, and each one's dtype: one dtype_of call per
+    # distinct record (the loader shares one record among the calls that spell it alike).
+    keys = np.fromiter(inputs, np.int64, len(inputs))
+    order = np.argsort(keys)
+    keys = keys[order]
+    by_record: dict[int, str | None] = {}
+    dtypes = np.empty(keys.size, dtype=object)
+    records = list(inputs.values())
+    for j, i in enumerate(order.tolist()):
+        record = records[i]
+        dtype = by_record.get(id(record), by_record)
+        if dtype is by_record:
+            dtype = by_record[id(record)] = dtype_of(record.types) if record.types else None
+        dtypes[j] = dtype
+    pos = np.clip(np.searchsorted(keys, op_rows), 0, keys.size - 1)
+    hit = keys[pos] == op_rows
+    out[hit] = dtypes[pos[hit]]
+    return out
 
 
 def _op_names(events: Events, op_rows: I64) -> np.ndarray:
     """The name of each launching operator (None where it is not known)."""
     if op_rows.size == 0:
         return np.empty(0, dtype=object)
-    return _per_key(op_rows, lambda o: events.names[events.name[o]] if o >= 0 else None)
+    names = np.empty(len(events.names) + 1, dtype=object)
+    names[:-1] = events.names  # the last: None, for rows without an operator
+    known = op_rows >= 0
+    ids = np.full(op_rows.size, len(events.names), dtype=np.int64)
+    ids[known] = events.name[op_rows[known]]
+    return names[ids]
 
 
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
