@@ -71,6 +71,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "SpecsError": ("gpudiag.errors", "SpecsError"),
     "TraceError": ("gpudiag.errors", "TraceError"),
     "TrialStateError": ("gpudiag.errors", "TrialStateError"),
+    "StepTimeoutError": ("gpudiag.errors", "StepTimeoutError"),
+    "StepExitError": ("gpudiag.errors", "StepExitError"),
+    "StepFailedError": ("gpudiag.errors", "StepFailedError"),
     "UnknownComputeCapabilityError": ("gpudiag.errors", "UnknownComputeCapabilityError"),
     "UnsupportedFixError": ("gpudiag.errors", "UnsupportedFixError"),
     "ViewError": ("gpudiag.errors", "ViewError"),
@@ -168,6 +171,9 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.errors import ReplayError as ReplayError
     from gpudiag.errors import SnapshotError as SnapshotError
     from gpudiag.errors import SpecsError as SpecsError
+    from gpudiag.errors import StepExitError as StepExitError
+    from gpudiag.errors import StepFailedError as StepFailedError
+    from gpudiag.errors import StepTimeoutError as StepTimeoutError
     from gpudiag.errors import TraceError as TraceError
     from gpudiag.errors import TrialStateError as TrialStateError
     from gpudiag.errors import UnknownComputeCapabilityError as UnknownComputeCapabilityError

@@ -1,6 +1,6 @@
 """``python -m gpudiag`` is the ``gpudiag`` command."""
 
-from gpudiag._rank_exit import exit_process
+from gpudiag._rank_exit import run_main
 from gpudiag.cli import main
 
-exit_process(main())  # under torchrun, a rank ends without torch's teardown (see _rank_exit)
+run_main(main)  # under torchrun, a rank ends without torch's teardown (see _rank_exit)

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, closed_on_error, finish, resolve
 from gpudiag._progress import report as report_progress
 from gpudiag.errors import GpuDiagError, GpuDiagWarning
@@ -97,8 +98,27 @@ def diagnose(
     )
     trace_file = report is not trace
     profiled_here = report is None and wl is not None
-    if profiled_here:
-        report = profile_workload(wl, steps=steps, on_progress=on_progress)
+    measured: BatchScaling | None = None if scaling is True else (scaling or None)
+    if wl is not None and (profiled_here or scaling is True):
+        # The user's step runs here: their objects, torch's switches, the working directory,
+        # sys.argv and the environment are put back afterwards, whatever the step did.
+        from gpudiag.experiment.step_limit import shared_limits
+        from gpudiag.experiment.trial import isolated
+
+        with user_code_failures("gd.diagnose"), shared_limits(wl), isolated(*wl.protected):
+            if profiled_here:
+                report = profile_workload(wl, steps=steps, on_progress=on_progress)
+            if scaling is True:
+                measured = measure_batch_scaling(wl, on_progress=on_progress)
+            timed = step_time(
+                wl if profiled_here else None,
+                report,
+                measured,
+                steps=steps,
+                on_progress=on_progress,
+            )
+    else:
+        timed = step_time(None, report, measured, steps=steps, on_progress=on_progress)
     if code is None and wl is not None:
         code = workload_source(wl)
     # This process's torch switches and environment describe the job only when the job runs
@@ -108,13 +128,6 @@ def diagnose(
         from gpudiag.probe.runtime import runtime_state
 
         runtime = runtime_state()
-    if scaling is True:
-        measured = measure_batch_scaling(wl, on_progress=on_progress)
-    else:
-        measured = scaling or None
-    timed = step_time(
-        wl if profiled_here else None, report, measured, steps=steps, on_progress=on_progress
-    )
     evidence = EvidenceBundle(
         system=system,
         trace=report,
@@ -233,14 +246,16 @@ def measure_batch_scaling(
 
 
 def _step_function(workload: Any) -> Callable[[], Any]:
-    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy."""
-    if not workload.owns_step:
-        step_fn: Callable[[], Any] = workload.step_fn
-        return step_fn
+    """One training step of ``workload`` (forward, loss, backward, optimizer), on a copy,
+    within the workload's step limit (gpudiag.experiment.step_limit)."""
+    from gpudiag.experiment.step_limit import guarded, limit_for
     from gpudiag.step import Step, Workload
 
     if not isinstance(workload, Workload):
         raise GpuDiagError("diagnose(workload=) needs a gd.Workload or a demo workload name")
+    limit = limit_for(workload)
+    if workload.step_fn is not None:
+        return guarded(workload.step_fn, limit, f"the step {workload.name!r}")
     training = Step.of(workload, copy.deepcopy(workload.model))
     training.new_optimizer()
 
@@ -248,7 +263,7 @@ def _step_function(workload: Any) -> Callable[[], Any]:
         training.run()
 
     step.__name__ = f"diagnose_{workload.name}"
-    return step
+    return guarded(step, limit, f"the step of {workload.name!r}")
 
 
 def profile_workload(

@@ -60,6 +60,19 @@ class WorkloadError(GpuDiagError, ValueError):
     """A workload was described in a way gpudiag cannot run."""
 
 
+class StepTimeoutError(GpuDiagError, TimeoutError):
+    """A training step (or a notebook cell run as one) did not finish within its time limit."""
+
+
+class StepFailedError(WorkloadError):
+    """The workload's own code (its loss, batch or step function) raised; the original
+    exception, with its traceback, is the ``__cause__``."""
+
+
+class StepExitError(WorkloadError):
+    """A training step (or a notebook cell run as one) called ``sys.exit`` during a trial."""
+
+
 class TrialStateError(GpuDiagError):
     """After a trial the user's state differs from the snapshot (a gpudiag bug: please report)."""
 
@@ -117,6 +130,9 @@ __all__ = [
     "ReplayError",
     "SnapshotError",
     "SpecsError",
+    "StepExitError",
+    "StepFailedError",
+    "StepTimeoutError",
     "TraceError",
     "TrialStateError",
     "UnknownComputeCapabilityError",

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._report import card, html_table, jsonable
+from gpudiag._values import finite_number, whole_number
 from gpudiag.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -141,6 +143,46 @@ def default_loss(model: Any, batch: Any) -> Any:
     return loss
 
 
+def constructor_settings(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of an optimizer's ``defaults`` that its constructor takes as keywords.
+
+    ``defaults`` may hold more than the constructor accepts (torch 2.13's AdamW keeps
+    ``decoupled_weight_decay``, which ``AdamW.__init__`` does not take); a constructor with
+    ``**kwargs`` gets them all."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # a constructor without a signature: trust the defaults
+        return dict(defaults)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return dict(defaults)
+    accepted = {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    return {k: v for k, v in defaults.items() if k in accepted and k != "params"}
+
+
+def _step_timeout(value: Any) -> float | None:
+    """``step_timeout_s``: None (the trial's default), a positive number of seconds, or inf."""
+    if value is None or (isinstance(value, float) and math.isinf(value) and value > 0):
+        return value
+    return finite_number(value, "step_timeout_s", low=0, low_open=True, error=WorkloadError)
+
+
+def needs_closure(optimizer: Any) -> bool:
+    """The optimizer's ``step`` requires a closure that re-evaluates the loss (LBFGS)."""
+    import inspect
+
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
 def _optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
     if optimizer is None:
         return None
@@ -149,8 +191,8 @@ def _optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
     if isinstance(optimizer, torch.optim.Optimizer):
         # A ready optimizer: rebuild one of the same class and settings for each trial.
         cls: Any = type(optimizer)
-        defaults = dict(optimizer.defaults)
-        return lambda params: cls(params, **defaults)
+        settings = constructor_settings(cls, optimizer.defaults)
+        return lambda params: cls(params, **settings)
     if callable(optimizer):  # a factory, or an Optimizer class (default settings)
         factory: Callable[[Any], Any] = optimizer
         return factory
@@ -181,6 +223,7 @@ class Workload:
         dataloader: Any = None,
         tokens_per_sample: int | None = None,
         name: str | None = None,
+        step_timeout_s: float | None = None,
     ) -> None:
         import torch
 
@@ -194,8 +237,7 @@ class Workload:
                 "give batch= (a function batch_size -> batch, or a batch) or dataloader= so the "
                 "workload has inputs"
             )
-        if int(batch_size) < 1:
-            raise WorkloadError(f"batch_size must be at least 1, got {batch_size}")
+        batch_size = whole_number(batch_size, "batch_size", low=1, error=WorkloadError)
         if loss is not None and not callable(loss):
             raise WorkloadError("loss= must be a function (model, batch) -> scalar tensor")
         self.model = model
@@ -207,6 +249,7 @@ class Workload:
         self.dataloader = dataloader
         self.tokens_per_sample = tokens_per_sample
         self.name = name or type(model).__name__
+        self.step_timeout_s = _step_timeout(step_timeout_s)
         self.step_fn: Callable[[], Any] | None = None
         self.protected: tuple[Any, ...] = (model,)
         # (demo name or "module:function", keyword arguments) that rebuild this workload in
@@ -223,6 +266,7 @@ class Workload:
         batch_size: int | None = None,
         tokens_per_sample: int | None = None,
         name: str | None = None,
+        step_timeout_s: float | None = None,
     ) -> Workload:
         """Wrap any callable that runs one step (only ambient fixes and compile then apply).
 
@@ -239,10 +283,13 @@ class Workload:
         self.loss = None
         self.optimizer = optimizer
         self.optimizer_factory = None
-        self.batch_size = int(batch_size) if batch_size else 0
+        self.batch_size = (
+            whole_number(batch_size, "batch_size", low=1, error=WorkloadError) if batch_size else 0
+        )
         self.dataloader = None
         self.tokens_per_sample = tokens_per_sample
         self.name = name or str(getattr(step_fn, "__name__", "step"))
+        self.step_timeout_s = _step_timeout(step_timeout_s)
         self.step_fn = step_fn
         self.protected = tuple(o for o in (model, optimizer) if o is not None)
         self.rebuild_spec = None
@@ -582,16 +629,7 @@ class Step:
         micro_batches = next(self._batches)
         scaler, opt = self.scaler, self.optimizer
         loss_fn = self._workload().loss_fn()
-        losses = []
-        n = len(micro_batches)
-        for i, batch in enumerate(micro_batches):
-            with self._sync(i == n - 1):
-                with self.autocast():
-                    loss = loss_fn(self.model, batch)
-                if n > 1:
-                    loss = loss / n
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            losses.append(loss.detach())
+        losses = self._forward_backward(micro_batches, loss_fn)
         if self.keep_loss:
             self.last_loss = sum(losses[1:], losses[0])
         self.last_run = StepRecord(
@@ -605,7 +643,14 @@ class Step:
             if norm is not None and scaler is not None and opt is None:
                 norm /= float(scaler.get_scale())
         if opt is not None:
-            if scaler is not None:
+            if needs_closure(opt):
+                if scaler is not None:
+                    raise WorkloadError(
+                        f"{type(opt).__name__} re-evaluates the loss (step(closure)), which "
+                        "torch's GradScaler does not support: use bf16 rather than fp16"
+                    )
+                opt.step(self._closure(micro_batches, loss_fn, losses))
+            elif scaler is not None:
                 scaler.step(opt)
                 scaler.update()
             else:
@@ -614,6 +659,37 @@ class Step:
         else:
             self.base_model.zero_grad(set_to_none=True)
         return (sum(float(x.float()) for x in losses) if record else None), norm
+
+    def _forward_backward(self, micro_batches: list[Any], loss_fn: Any) -> list[Any]:
+        """Forward, loss and backward of each micro-batch; their detached losses."""
+        scaler = self.scaler
+        losses = []
+        n = len(micro_batches)
+        for i, batch in enumerate(micro_batches):
+            with self._sync(i == n - 1):
+                with self.autocast():
+                    loss = loss_fn(self.model, batch)
+                if n > 1:
+                    loss = loss / n
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            losses.append(loss.detach())
+        return losses
+
+    def _closure(self, micro_batches: list[Any], loss_fn: Any, first: list[Any]) -> Any:
+        """``optimizer.step(closure)`` for optimizers that re-evaluate the loss (LBFGS): the
+        first call returns this step's loss (its gradients are in place), later calls run the
+        forward and backward again on the same micro-batches."""
+        calls = [0]
+
+        def closure() -> Any:
+            calls[0] += 1
+            losses = first
+            if calls[0] > 1:
+                self.optimizer.zero_grad(set_to_none=False)
+                losses = self._forward_backward(micro_batches, loss_fn)
+            return sum(losses[1:], losses[0])
+
+        return closure
 
     def _sync(self, last: bool) -> AbstractContextManager[Any]:
         return nullcontext() if self.grad_sync is None else self.grad_sync(last)

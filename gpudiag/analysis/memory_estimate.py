@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._values import whole_number
 from gpudiag.errors import MemoryEstimateError
 
 CATEGORIES: tuple[str, ...] = (
@@ -68,6 +69,8 @@ _OPTIMIZER_ALIASES = {
 
 
 def normalize_precision(precision: str | None) -> str:
+    if precision is not None and not isinstance(precision, str):
+        raise MemoryEstimateError(f"precision must be a name such as 'bf16', got {precision!r}")
     name = (precision or "fp32").lower().replace("float32", "fp32").replace("bfloat16", "bf16")
     name = name.replace("float16", "fp16").replace("half", "fp16").removeprefix("precision.")
     if name not in PRECISION_BYTES:
@@ -78,6 +81,8 @@ def normalize_precision(precision: str | None) -> str:
 
 
 def normalize_optimizer(optimizer: str | None) -> str:
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise MemoryEstimateError(f"optimizer must be a name such as 'adamw', got {optimizer!r}")
     name = (optimizer or "adamw").lower().replace("-", "").replace(" ", "")
     name = _OPTIMIZER_ALIASES.get(name, name)
     if name not in OPTIMIZER_STATE_BYTES:
@@ -137,9 +142,14 @@ class Parallelism:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp"):
-            if int(getattr(self, name)) < 1:
-                raise MemoryEstimateError(f"parallelism {name} must be at least 1")
-        if self.zero not in (0, 1, 2, 3):
+            number = whole_number(
+                getattr(self, name), f"parallelism {name}", low=1, high=1 << 24,
+                error=MemoryEstimateError,
+            )  # fmt: skip
+            object.__setattr__(self, name, number)
+        if not isinstance(self.sequence_parallel, bool):
+            raise MemoryEstimateError("parallelism sequence_parallel must be true or false")
+        if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise MemoryEstimateError("parallelism zero stage must be 0, 1, 2 or 3")
 
     @property
@@ -169,12 +179,12 @@ class Parallelism:
                 if kind in ("sp", "sequence_parallel"):
                     out["sequence_parallel"] = True
                     continue
-                try:
-                    n = int(degree) if degree else 1
-                except ValueError:
-                    raise MemoryEstimateError(
-                        f"parallelism {part!r}: the degree must be a number"
-                    ) from None
+                n = 1
+                if degree:
+                    n = whole_number(
+                        degree, f"parallelism {part!r}: the degree", low=1, high=1 << 24,
+                        error=MemoryEstimateError,
+                    )  # fmt: skip
                 if kind in zero_of:
                     out.update(dp=n, zero=zero_of[kind])
                 elif kind in ("dp", "tp", "pp"):
@@ -367,10 +377,34 @@ class TransformerConfig:
     tied_embeddings: bool = True
     experts: int = 1  # Mixtral-style mixture of experts: this many MLPs per layer, all stored
 
+    # Each field's accepted range: beyond these no model exists, and the arithmetic of the
+    # estimate and the planner stays small (1e300 layers would loop or overflow).
+    LIMITS: ClassVar[dict[str, tuple[int, int]]] = {
+        "layers": (1, 100_000),
+        "hidden": (1, 1 << 20),
+        "heads": (1, 1 << 16),
+        "vocab_size": (0, 1 << 31),
+        "seq_len": (1, 1 << 30),
+        "ffn_hidden": (1, 1 << 24),
+        "kv_heads": (1, 1 << 16),
+        "head_dim": (1, 1 << 16),
+        "experts": (1, 1 << 16),
+    }
+
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads"):
-            if int(getattr(self, name)) < 1:
-                raise MemoryEstimateError(f"transformer config {name} must be at least 1")
+        for name, (low, high) in self.LIMITS.items():
+            value = getattr(self, name)
+            if value is None and name in ("ffn_hidden", "kv_heads", "head_dim"):
+                continue
+            number = whole_number(
+                value, f"transformer config {name}", low=low, high=high, error=MemoryEstimateError
+            )
+            object.__setattr__(self, name, number)
+        for name in ("gated_mlp", "tied_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise MemoryEstimateError(
+                    f"transformer config {name} must be true or false, got {getattr(self, name)!r}"
+                )
         if self.head_dim is None and self.hidden % self.heads:
             raise MemoryEstimateError("hidden must be a multiple of heads (or give head_dim)")
 
@@ -443,13 +477,11 @@ class TransformerConfig:
                 "x intermediate_size); give the estimate a TransformerConfig whose ffn_hidden "
                 "and experts add up to its parameters"
             )
-        values["experts"] = int(get("num_local_experts", None) or 1)
-        act = str(
-            get("hidden_act", "")
-            or get("hidden_activation", "")
-            or get("activation_function", "")
-            or ""
-        ).lower()
+        values["experts"] = get("num_local_experts", None) or 1
+        named = (
+            get("hidden_act", "") or get("hidden_activation", "") or get("activation_function", "")
+        )
+        act = named.lower() if isinstance(named, str) else ""  # a name, or no activation known
         if family in GATED_MLP_FAMILIES:
             values["gated_mlp"] = True
         elif family in PLAIN_MLP_FAMILIES:
@@ -486,11 +518,15 @@ _OTHER_MOE_KEYS = ("num_experts", "n_routed_experts", "moe_intermediate_size")
 def _family(get: Any) -> str:
     """The config's model type ("llama"), from ``model_type`` or its first architecture."""
     model_type = get("model_type", None)
-    if model_type:
-        return str(model_type).lower()
+    if isinstance(model_type, str) and model_type:
+        return model_type.lower()
     architectures = get("architectures", None) or ()
-    if architectures:
-        name = str(architectures[0])
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    if isinstance(architectures, (list, tuple)) and architectures:
+        if not isinstance(architectures[0], str):
+            return ""  # not a class name: no family (a nested list is not printed either)
+        name = architectures[0]
         for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model", "LMHeadModel"):
             name = name.removesuffix(suffix)
         return name.lower()
@@ -655,11 +691,16 @@ def estimate_transformer(
     cfg = (
         config if isinstance(config, TransformerConfig) else TransformerConfig.from_mapping(config)
     )
-    if batch_size < 1:
-        raise MemoryEstimateError("batch_size must be at least 1")
-    seq = int(seq_len or cfg.seq_len)
-    if seq < 1:
-        raise MemoryEstimateError("seq_len must be at least 1")
+    batch_size = whole_number(
+        batch_size, "batch_size", low=1, high=1 << 30, error=MemoryEstimateError
+    )
+    seq = whole_number(
+        seq_len or cfg.seq_len, "seq_len", low=1, high=1 << 30, error=MemoryEstimateError
+    )
+    if micro_batches is not None:
+        micro_batches = whole_number(
+            micro_batches, "micro_batches", low=1, high=1 << 30, error=MemoryEstimateError
+        )
     par = Parallelism.parse(parallelism)
     if cfg.heads % par.tp:  # Megatron splits whole heads over tensor ranks
         raise MemoryEstimateError(

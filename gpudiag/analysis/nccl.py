@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+from gpudiag._files import LOG_BYTES, read_text
 from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._values import digits, is_ascii_number
 from gpudiag.errors import GpuDiagError
 
 if TYPE_CHECKING:
@@ -341,19 +343,31 @@ def _fmt_bytes(n: int) -> str:
 
 # --- nccl-tests log parser ---------------------------------------------------------------------
 
-_PARAMS = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
-_RANK = re.compile(r"#\s+Rank\s+\d+\b")
+_PARAMS = re.compile(r"#\s*nThread\s+([0-9]{1,6})\s+nGpus\s+([0-9]{1,6})")
+_RANK = re.compile(r"#\s+Rank\s+[0-9]+\b")
 _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OP_IN_NAME = re.compile(
     r"(all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|reduce|send_?recv)"
 )
 
 
+# Sizes and counts of an nccl-tests row: ASCII digits, at most a pebibyte.
+_MAX_ROW_NUMBER = 1 << 50
+
+
 def _float(token: str) -> float | None:
-    try:
-        return float(token)
-    except ValueError:
+    """A time or bandwidth cell: a finite, non-negative ASCII number, else None."""
+    if not is_ascii_number(token):
         return None
+    value = float(token)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _count(token: str) -> int | None:
+    """A size or count cell: ASCII digits up to a pebibyte, else None."""
+    if not digits(token) or len(token) > 16 or int(token) > _MAX_ROW_NUMBER:
+        return None
+    return int(token)
 
 
 @dataclass
@@ -395,7 +409,7 @@ def _blocks(text: str) -> list[_Block]:
                 current.avg = float(avg.group(1))
             continue
         tokens = line.split()
-        if tokens[0].isdigit() and current.groups:
+        if digits(tokens[0]) and current.groups:
             current.data.append(tokens)
     return [b for b in blocks if b.data]
 
@@ -409,13 +423,13 @@ def _infer_op(block: _Block, nranks: int, hint: str | None) -> str:
     rows = [r for r in block.data if len(r) >= 3 + 4 * block.groups]
     extra = [r[3 : len(r) - 4 * block.groups] for r in rows]
     has_root = "root" in prefix
-    has_redop = any(e and not e[0].lstrip("-").isdigit() and e[0] != "none" for e in extra)
+    has_redop = any(e and not digits(e[0].lstrip("-")) and e[0] != "none" for e in extra)
     if has_root:
         return "reduce" if has_redop else "broadcast"
     ratios = []
     per_rank_count = True
     for r in rows:
-        size, count, type_bytes = int(r[0]), int(r[1]), TYPE_BYTES.get(r[2].lower())
+        size, count, type_bytes = _count(r[0]) or 0, _count(r[1]) or 0, TYPE_BYTES.get(r[2].lower())
         if size and type_bytes and count * type_bytes == size:
             per_rank_count = False
         alg, bus = _float(r[-4 * block.groups + 1]), _float(r[-4 * block.groups + 2])
@@ -438,15 +452,19 @@ def _parse_block(block: _Block, op: str | None, hint: str | None, label: str) ->
     nranks = block.ranks or threads * gpus
     name = normalize_op(op) if op else _infer_op(block, nranks, hint)
     rows: list[CollectiveRow] = []
+    skipped = 0
     for tokens in block.data:
         need = 3 + 4 * block.groups
-        if len(tokens) < need:
+        size, count = _count(tokens[0]), _count(tokens[1]) if len(tokens) > 1 else None
+        if len(tokens) < need or size is None or count is None:
+            skipped += 1
             continue
-        size, count, dtype = int(tokens[0]), int(tokens[1]), tokens[2]
+        dtype = tokens[2]
         for g in range(block.groups):
             t, alg, bus, wrong = tokens[len(tokens) - 4 * (block.groups - g) :][:4]
             time_us, alg_v, bus_v = _float(t), _float(alg), _float(bus)
             if time_us is None or alg_v is None or bus_v is None:
+                skipped += 1
                 continue
             rows.append(
                 CollectiveRow(
@@ -457,10 +475,12 @@ def _parse_block(block: _Block, op: str | None, hint: str | None, label: str) ->
                     algbw_gbps=alg_v,
                     busbw_gbps=bus_v,
                     in_place=g == 1,
-                    wrong=int(wrong) if wrong.isdigit() else None,
+                    wrong=int(wrong) if digits(wrong) else None,
                 )
             )
     notes = [f"parsed from nccl-tests output ({nranks} ranks)"]
+    if skipped:
+        notes.append(f"{skipped} row(s) left out: a size, count or time that is not a number")
     return CollectiveResult(
         op=name,
         world_size=nranks,
@@ -477,12 +497,13 @@ def _read_source(source: str | Path) -> tuple[str, str | None, str]:
     """(text, file name hint, label) from a path or the log text itself."""
     if isinstance(source, Path) or ("\n" not in str(source) and len(str(source)) < 4096):
         path = Path(source)
-        if not path.is_file():
+        if not path.exists():
             raise GpuDiagError(
                 f"nccl-tests log {str(source)!r} not found: pass a path to the saved output of "
                 "all_reduce_perf (or its text)."
             )
-        return path.read_text(errors="replace"), path.name, path.name
+        text = read_text(path, "nccl-tests log", max_bytes=LOG_BYTES, replace=True)
+        return text, path.name, path.name
     return str(source), None, ""
 
 
@@ -648,7 +669,7 @@ def link_budget(
     pairs = [labels[i][j] for i in range(n) for j in range(n) if i != j]
     if any(label in ("?", "") for label in pairs):
         return None
-    counts = [int(label[2:]) if re.fullmatch(r"NV\d+", label) else 0 for label in pairs]
+    counts = [int(label[2:]) if re.fullmatch(r"NV[0-9]{1,4}", label) else 0 for label in pairs]
     if all(counts):
         rate, notes = _nvlink_rate(cc_major)
         if len(set(counts)) == 1 and n > 2:

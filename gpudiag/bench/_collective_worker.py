@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from gpudiag._rank_exit import exit_process, joined_a_group
+from gpudiag._rank_exit import joined_a_group, run_main
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,4 +65,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    run_main(main)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._values import digits, whole_number
 from gpudiag.bench.timing import Timer, host_timer
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import ArgumentError, GpuDiagError
 from gpudiag.probe.readings import Reading, Status, na, ok
 
 if TYPE_CHECKING:
@@ -66,6 +68,37 @@ class Target:
         return f"{self.torch_device} ({self.name})" if self.name else self.torch_device
 
 
+def whole_numbers(
+    values: Iterable[Any], field: str, low: int = 1, high: int = 1 << 50
+) -> list[int]:
+    """``values`` (sizes, lengths) as ints: ASCII digits or whole numbers within [low, high],
+    else an ArgumentError naming ``field``; a single number or text is refused as a list."""
+    if isinstance(values, (str, bytes, int, float)):
+        raise ArgumentError(f"{field} is a list of numbers, got {values!r}")
+    return [whole_number(v, field, low=low, high=high) for v in values]
+
+
+def too_big(target: Target, nbytes: int) -> str:
+    """Why buffers of ``nbytes`` cannot be allocated on ``target`` now ("" when they fit or
+    the free memory is unknown): asked-for sizes beyond the free memory are refused before
+    allocating, so a benchmark never pushes the machine into swap or the OOM killer."""
+    from gpudiag.probe import cuda
+    from gpudiag.probe.host import available_memory_bytes
+
+    if target.is_cuda:
+        info = cuda.mem_get_info(target.index)
+        free = None if info is None else info[0]
+    else:
+        free = available_memory_bytes()
+    if free is None or nbytes <= free:
+        return ""
+    where = "GPU" if target.is_cuda else "host"
+    return (
+        f"needs {nbytes / 2**30:,.1f} GiB of buffers, more than the {free / 2**30:,.1f} GiB of "
+        f"{where} memory free: not run"
+    )
+
+
 def resolve_device(device: str | int | None) -> Target:
     """``None`` picks the current CUDA device when there is one, else the CPU."""
     from gpudiag.probe import cuda
@@ -87,7 +120,7 @@ def resolve_device(device: str | int | None) -> Target:
         import torch
 
         # "cuda" means torch's current device (set_device / LOCAL_RANK), which a tensor reveals.
-        index = int(idx) if idx.isdigit() else int(torch.empty(0, device="cuda").device.index or 0)
+        index = int(idx) if digits(idx) else int(torch.empty(0, device="cuda").device.index or 0)
         return Target("cuda", index, cuda.device_properties(index).name)
     raise GpuDiagError(f"Unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'.")
 

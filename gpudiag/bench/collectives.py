@@ -6,18 +6,19 @@ import functools
 import json
 import math
 import os
-import re
 import shlex
-import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpudiag._rank_exit import ERRORS_DIR, first_failure, rank_failures
+from gpudiag._values import digits
 from gpudiag.analysis.nccl import CollectiveResult, normalize_op, rows_from_times
+from gpudiag.bench._env import whole_numbers
 from gpudiag.errors import GpuDiagError
+from gpudiag.probe.jobs import run_job
 
 BENCH_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 _KIB, _MIB = 1 << 10, 1 << 20
@@ -114,7 +115,8 @@ def _nothing() -> None:
 def _device_for_rank(backend: str) -> str:
     if backend != "nccl":
         return "cpu"
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    text = os.environ.get("LOCAL_RANK", "0").strip()
+    local_rank = int(text) if digits(text) and len(text) < 6 else 0
     import torch
 
     accelerator = getattr(torch, "accelerator", None)
@@ -156,7 +158,7 @@ def run_collective(
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device_for_rank(backend)
     on_gpu = device.startswith("cuda")
-    size_list = [int(s) for s in (sizes or default_sizes(on_gpu))]
+    size_list = whole_numbers(sizes or default_sizes(on_gpu), "collective sizes")
     name = _check_args(op, dtype, size_list)
     torch_name, type_bytes, nccl_type = _TYPE[dtype]
     tdtype = getattr(torch, torch_name)
@@ -237,7 +239,8 @@ def run_collective(
         f"{repeats} repetitions x {iters} calls per size; slowest rank's time per repetition"
     )
     rows = rows_from_times(name, world, nccl_type, type_bytes, measurements)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
+    text = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    per_node = int(text) if digits(text) and 0 < len(text) < 7 else world
     nodes = max(1, world // max(per_node, 1))
     label = f"{world} processes on {nodes} node{'s' if nodes > 1 else ''}"
     return CollectiveResult(name, world, backend, "measured", rows, label=label, notes=tuple(notes))
@@ -278,7 +281,7 @@ def allreduce(
 
     from gpudiag.probe import cuda
 
-    size_list = [int(s) for s in sizes] if sizes is not None else None
+    size_list = whole_numbers(sizes, "collective sizes") if sizes is not None else None
     name = _check_args(op, dtype, size_list or [1])
     if dist.is_available() and dist.is_initialized():
         return run_collective(name, size_list, dtype=dtype, repeats=repeats, iters=iters)
@@ -358,36 +361,35 @@ def _launch(
             disable=not progress,
             leave=False,
         )
+
+        def on_line(line: str) -> None:
+            if line.startswith(PROGRESS_MARK):
+                bar.update(int(line.split()[1]) - bar.n)
+            else:
+                lines.append(line.rstrip())
+
         try:
-            with subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-            ) as proc:
-                # A hung rank (a rendezvous that never completes) must not hang the caller.
-                watchdog = threading.Timer(timeout_s, proc.kill)
-                watchdog.start()
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    if line.startswith(PROGRESS_MARK):
-                        bar.update(int(line.split()[1]) - bar.n)
-                    else:
-                        lines.append(line.rstrip())
-                code = proc.wait()
-                if not watchdog.is_alive():
-                    lines.append(f"killed after the {timeout_s:.0f} s timeout")
-                watchdog.cancel()
+            # A hung rank (a rendezvous that never completes) must not hang the caller, and no
+            # rank outlives the call (gpudiag.probe.jobs).
+            with tempfile.TemporaryDirectory(prefix="gpudiag-ranks-") as errors:
+                env[ERRORS_DIR] = errors
+                job = run_job(cmd, env=env, timeout_s=timeout_s, on_stdout_line=on_line,
+                              merge_stderr=True)  # fmt: skip
+                failures = rank_failures(errors)
         finally:
             bar.close()
+        code = job.returncode
+        if job.timed_out:
+            lines.append(f"stopped after the {timeout_s:.0f} s timeout; every rank was ended")
         if code == 0 and out.is_file():
             return CollectiveResult.from_dict(json.loads(out.read_text()))
-        text = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("=")]
-        # The ranks' own errors say more than torchrun's summary that follows them.
-        causes = [ln for ln in text if re.search(r"Error|No module named|error:", ln)]
-        tail = list(dict.fromkeys(causes))[-3:] or text[-6:]
+        text = "\n".join(ln for ln in lines if ln.strip() and not ln.startswith("="))
         return CollectiveResult(
             op,
             world_size,
             backend,
             "measured",
             (),
-            error=f"the {world_size}-process run failed (exit {code}): " + " | ".join(tail),
+            error=f"the {world_size}-process run failed (exit {code}): "
+            + first_failure(failures, text),
         )

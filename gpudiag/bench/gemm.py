@@ -206,13 +206,16 @@ class MatmulResult:
 
 
 def _shapes(sizes: Iterable[int | Sequence[int]]) -> list[tuple[int, int, int]]:
+    if isinstance(sizes, (int, float, str)):
+        raise GpuDiagError(f"matmul sizes is a list (sizes=[2048] or [(M, N, K)]), got {sizes!r}")
     out: list[tuple[int, int, int]] = []
     for size in sizes:
         shape: tuple[int, ...]
-        if isinstance(size, int):
-            shape = (size, size, size)
+        if isinstance(size, (int, float, str)):
+            (n,) = _env.whole_numbers([size], "a matmul size", high=1 << 24)
+            shape = (n, n, n)
         else:
-            shape = tuple(int(s) for s in size)
+            shape = tuple(_env.whole_numbers(size, "a matmul dimension", high=1 << 24))
         if len(shape) != 3 or min(shape) < 1:
             raise GpuDiagError(f"Matmul size {size!r}: give an int N (N x N x N) or (M, N, K).")
         out.append((shape[0], shape[1], shape[2]))
@@ -424,6 +427,10 @@ def _one_case(
     elem = 1 if dtype == "fp8" else (4 if dtype in {"fp32", "tf32"} else 2)
     per_copy = (m * k + k * n) * elem + m * n * (2 if dtype == "fp8" else elem)
     copies = copies_to_exceed_cache(per_copy, cache_bytes, max_total_bytes=budget)
+    # randn makes fp32 A and B first, then converts them: count those too.
+    refused = _env.too_big(target, copies * per_copy + (m * k + k * n) * 4)
+    if refused:
+        return MatmulRow(dtype, m, n, k, None, None, reason=refused)
     try:
         operands = [_operands(shape, dtype, target.torch_device, generator) for _ in range(copies)]
         op = _run_op(dtype, target.torch_device)

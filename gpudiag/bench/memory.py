@@ -259,10 +259,11 @@ def bandwidth(
     for kind in chosen:
         if kind not in KINDS:
             raise GpuDiagError(f"Unknown bandwidth kind {kind!r}: use one of {', '.join(KINDS)}.")
-    size_list = [
-        int(s)
-        for s in (sizes if sizes is not None else (_GPU_SIZES if target.is_cuda else _CPU_SIZES))
-    ]
+    size_list = _env.whole_numbers(
+        sizes if sizes is not None else (_GPU_SIZES if target.is_cuda else _CPU_SIZES),
+        "bandwidth sizes",
+        low=0,
+    )
     if not size_list or min(size_list) < 4:
         raise GpuDiagError("Bandwidth sizes are bytes per buffer, at least 4.")
     repeats = repeats if repeats is not None else (30 if target.is_cuda else 10)
@@ -343,6 +344,10 @@ def _one_case(
         else 1
     )
     non_blocking = pin_src or pin_dst
+    # the device's side: both buffers of a copy, one of a host<->device transfer
+    refused = _env.too_big(target, (2 if kind == "copy" else 1) * nbytes * copies)
+    if refused:
+        return BandwidthRow(kind, nbytes, moved, None, None, reason=refused)
     try:
         pairs = [
             (

@@ -429,12 +429,21 @@ def attention(
                 f"Unknown attention backend {name!r}: use one of {', '.join(BACKENDS)}."
             )
     seqs = tuple(
-        int(s)
-        for s in (seq_lens or ((1024, 2048, 4096, 8192) if target.is_cuda else (512, 1024, 2048)))
+        _env.whole_numbers(
+            seq_lens or ((1024, 2048, 4096, 8192) if target.is_cuda else (512, 1024, 2048)),
+            "seq_lens",
+            high=1 << 26,
+        )
     )
-    b = batch if batch is not None else (4 if target.is_cuda else 1)
-    h = heads if heads is not None else (16 if target.is_cuda else 8)
-    d = head_dim if head_dim is not None else (128 if target.is_cuda else 64)
+    b, h, d = _env.whole_numbers(
+        [
+            batch if batch is not None else (4 if target.is_cuda else 1),
+            heads if heads is not None else (16 if target.is_cuda else 8),
+            head_dim if head_dim is not None else (128 if target.is_cuda else 64),
+        ],
+        "batch, heads and head_dim",
+        high=1 << 20,
+    )
     repeats = repeats if repeats is not None else (20 if target.is_cuda else 7)
     max_time_s = max_time_s if max_time_s is not None else (2.0 if target.is_cuda else 4.0)
     cache_bytes, _ = _env.last_level_cache_bytes(target, system)
@@ -515,6 +524,10 @@ def _one_case(
     elem = torch.finfo(tdtype).bits // 8
     copies = copies_to_exceed_cache(3 * b * h * s * d * elem, cache_bytes, max_total_bytes=1 << 30)
     fwd_flops = attention_flops(b, h, s, d, causal=runner.causal)
+    # q, k, v per copy (made in fp32, then converted), the output and its gradient
+    refused = _env.too_big(target, (3 * copies + 2) * b * h * s * d * max(elem, 4))
+    if refused:
+        return AttentionRow(name, s, reason=refused, untested_on_gpu=untested)
     try:
         inputs = [_make_inputs(runner.layout, b, h, s, d, tdtype, dev) for _ in range(copies)]
         dout = torch.randn(inputs[0][0].shape, device=dev).to(tdtype)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpudiag._rank_exit import record_failure
 from gpudiag.commands import aliases_of, canonical
 from gpudiag.errors import GpuDiagError
 
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return on_every_rank(module, args)
         return int(module.run(args))
     except GpuDiagError as exc:
+        record_failure(exc)  # a rank under a gpudiag launcher: its own error, for the caller
         print(f"gpudiag: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from gpudiag._values import arg_float
 from gpudiag.data import A100_MIG, recording
 from gpudiag.errors import GpuDiagError
 from gpudiag.probe.system import inspect
@@ -17,7 +18,10 @@ DEFAULT_OUT = "gpudiag-demo"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="only the reports, no experiments")
     parser.add_argument(
-        "--budget", type=float, default=40.0, help="seconds the before/after experiment may take"
+        "--budget",
+        type=arg_float(0, 86_400, low_open=True),
+        default=40.0,
+        help="seconds the before/after experiment may take",
     )
     parser.add_argument(
         "--out",

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from gpudiag._report import jsonable
+from gpudiag._values import arg_float
 from gpudiag.commands.monitor import add_arguments as _add_shared_arguments
 from gpudiag.commands.monitor import start
 from gpudiag.errors import GpuDiagError
@@ -26,12 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_shared_arguments(parser)
     parser.add_argument(
         "--duration",
-        type=float,
+        type=arg_float(0, 10 * 86_400, low_open=True),
         metavar="S",
         help="stop after S seconds (default: until Ctrl-C; 5 s with --json)",
     )
     parser.add_argument(
-        "--refresh", type=float, default=1.0, metavar="S", help="seconds between table redraws"
+        "--refresh",
+        type=arg_float(),
+        default=1.0,
+        metavar="S",
+        help="seconds between table redraws",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the summary and the samples as JSON at the end"

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudiag._values import arg_float
 from gpudiag.errors import GpuDiagError, ReplayError
 
 MANIFEST = "manifest.json"
@@ -158,9 +159,17 @@ def record(
     from gpudiag.probe import cuda
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise GpuDiagError(
+            f"{out} exists and is not a folder: gpudiag record writes a folder of files; name a "
+            "new one (nothing was written)"
+        )
     if out.exists() and any(out.iterdir()):
         raise GpuDiagError(f"{out} is not empty: record into a new folder")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuDiagError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
     report = gd.inspect()
     on_gpu = cuda.available()
     device = "cuda" if on_gpu else "cpu"
@@ -323,7 +332,10 @@ def replay_recording(folder: str | Path) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", metavar="OUT_DIR", help="a new (or empty) folder to write")
     parser.add_argument(
-        "--monitor-seconds", type=float, default=3.0, help="length of the monitor session"
+        "--monitor-seconds",
+        type=arg_float(),
+        default=3.0,
+        help="length of the monitor session",
     )
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmarks")
     parser.add_argument("--no-traces", action="store_true", help="skip the profiler traces")

@@ -8,6 +8,9 @@ import re
 import sys
 from typing import Any
 
+from gpudiag._values import arg_int, whole_number
+from gpudiag.errors import ArgumentError
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -32,10 +35,12 @@ COLLECTIVE_COMMANDS = {
 
 def byte_size(text: str) -> int:
     """'4096', '64K', '1MiB', '1.5G' -> bytes (binary units)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4096, 64K, 1MiB)")
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value > 1 << 50:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than a pebibyte: not a buffer size")
     if value < 1 or not value.is_integer():
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of bytes")
     return int(value)
@@ -45,8 +50,8 @@ def matmul_size(text: str) -> int | tuple[int, int, int]:
     """'2048' (square) or '4096x1024x512' (M x N x K)."""
     parts = text.lower().split("x")
     try:
-        values = [int(p) for p in parts]
-    except ValueError:
+        values = [whole_number(p, "a matmul dimension", low=1, high=1 << 20) for p in parts]
+    except ArgumentError:
         raise argparse.ArgumentTypeError(
             f"not a matmul size: {text!r} (e.g. 2048 or 4096x1024x512)"
         ) from None
@@ -60,7 +65,9 @@ def matmul_size(text: str) -> int | tuple[int, int, int]:
 def _common(p: argparse.ArgumentParser, *, device: bool = True) -> None:
     if device:
         p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if any)")
-        p.add_argument("--repeats", type=int, default=None, help="timed repetitions per case")
+        p.add_argument(
+            "--repeats", type=arg_int(1, 100_000), default=None, help="timed repetitions per case"
+        )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--plot", metavar="HTML", default=None, help="also write the plotly figure to this file"
@@ -113,16 +120,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seq-lens",
         nargs="+",
-        type=int,
+        type=arg_int(1, 1 << 24),
         default=None,
         help="sequence lengths (default 1024 2048 4096 8192 on a GPU, 512 1024 2048 on a CPU)",
     )
     p.add_argument(
         "--backends", nargs="+", default=None, help="flash efficient cudnn math flash_attn te"
     )
-    p.add_argument("--batch", type=int, default=None, help="sequences per call")
-    p.add_argument("--heads", type=int, default=None, help="attention heads")
-    p.add_argument("--head-dim", type=int, default=None, help="dimension per head")
+    p.add_argument("--batch", type=arg_int(1, 1 << 20), default=None, help="sequences per call")
+    p.add_argument("--heads", type=arg_int(1, 1 << 12), default=None, help="attention heads")
+    p.add_argument("--head-dim", type=arg_int(1, 1 << 12), default=None, help="dimension per head")
     p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16")
     p.add_argument("--no-causal", action="store_true", help="full attention instead of causal")
     p.add_argument("--no-backward", action="store_true", help="forward only")
@@ -133,17 +140,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--sizes", nargs="+", type=byte_size, default=None, help="nccl-tests 'size' in bytes"
         )
         p.add_argument(
-            "--nproc", type=int, default=None, help="local processes (default: GPUs, or 2 on CPU)"
+            "--nproc",
+            type=arg_int(1, 4096),
+            default=None,
+            help="local processes (default: GPUs, or 2 on CPU)",
         )
         p.add_argument("--backend", choices=("nccl", "gloo"), default=None)
         p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
-        p.add_argument("--repeats", type=int, default=None)
-        p.add_argument("--iters", type=int, default=None, help="calls per timed repetition")
+        p.add_argument("--repeats", type=arg_int(1, 100_000), default=None)
         p.add_argument(
-            "--nnodes", type=int, default=2, help="nodes in the printed multi-node command"
+            "--iters", type=arg_int(1, 1_000_000), default=None, help="calls per timed repetition"
         )
         p.add_argument(
-            "--nproc-per-node", type=int, default=8, help="GPUs per node in that command"
+            "--nnodes",
+            type=arg_int(1, 99_999),
+            default=2,
+            help="nodes in the printed multi-node command",
+        )
+        p.add_argument(
+            "--nproc-per-node",
+            type=arg_int(1, 4096),
+            default=8,
+            help="GPUs per node in that command",
         )
         p.add_argument("--rdzv-endpoint", default="$MASTER_ADDR:29500", help="host:port of node 0")
         p.add_argument(

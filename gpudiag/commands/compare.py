@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from gpudiag._values import arg_float, arg_int
 from gpudiag.errors import GpuDiagError
 
 
@@ -37,28 +38,61 @@ def add_protocol_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--combine", action="store_true", help="also try all fixes together")
     parser.add_argument(
         "--budget",
-        type=float,
+        type=arg_float(0, 86_400, low_open=True),
         default=60.0,
         metavar="S",
         help="time budget for the timed rounds (s)",
     )
     parser.add_argument(
-        "--min-rounds", type=int, default=5, help="rounds before a verdict may stop (%(default)s)"
+        "--min-rounds",
+        type=arg_int(2, 100_000),
+        default=5,
+        help="rounds before a verdict may stop (%(default)s)",
     )
     parser.add_argument(
-        "--max-rounds", type=int, default=100, help="rounds at most per arm (%(default)s)"
+        "--max-rounds",
+        type=arg_int(2, 100_000),
+        default=100,
+        help="rounds at most per arm (%(default)s)",
     )
     parser.add_argument(
         "--fixed", action="store_true", help="no adaptive stopping: run exactly --max-rounds rounds"
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seeds the round order and the inputs (%(default)s)"
+        "--seed",
+        type=arg_int(0, 2**32 - 1),
+        default=0,
+        help="seeds the round order and the inputs (%(default)s)",
     )
+    add_step_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--recipe", metavar="FILE", help="save the fixes that helped as a recipe (.yaml or .json)"
     )
     parser.add_argument("--plot", metavar="FILE.html", help="save the figure as HTML")
+
+
+def add_step_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--step-timeout S``: how long one step may run before the trial stops it."""
+    parser.add_argument(
+        "--step-timeout",
+        type=arg_float(0, low_open=True),
+        default=None,
+        metavar="S",
+        help="seconds one training step may run before it is stopped as hung (default: an "
+        "arm's first step 300 s, later steps 10x the first, at least 30 s)",
+    )
+
+
+def with_step_timeout(workload: Any, seconds: float | None) -> Any:
+    """``workload`` with its step limit set to ``seconds`` (a copy; None: as it is)."""
+    if seconds is None:
+        return workload
+    import copy
+
+    limited = copy.copy(workload)
+    limited.step_timeout_s = seconds
+    return limited
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="change the demo workload, e.g. --set seq_len=2048",
     )
     parser.add_argument(
-        "--threads", type=int, help="torch threads for the run (torch.set_num_threads)"
+        "--threads", type=arg_int(1, 4096), help="torch threads for the run (torch.set_num_threads)"
     )
     add_protocol_arguments(parser)
 
@@ -96,7 +130,7 @@ def run_comparison(workload: Any, args: argparse.Namespace, *, progress: bool) -
             "give at least one --fix (e.g. --fix precision.bf16 --fix attention.backend=flash)"
         )
     return compare(
-        workload,
+        with_step_timeout(workload, args.step_timeout),
         arm_specs(args.fix),
         combine=args.combine,
         time_budget_s=args.budget,

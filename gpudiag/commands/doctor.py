@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
+from gpudiag._files import CODE_BYTES, read_text
+from gpudiag._values import arg_float, arg_int
 from gpudiag.commands.bench import byte_size
 from gpudiag.errors import GpuDiagError
 
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--steps",
-        type=int,
+        type=arg_int(1, 10_000),
         default=None,
         help=f"profiled steps of --workload ({STEPS}); timed steps per rank ({RANK_STEPS})",
     )
@@ -114,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ranks.add_argument(
         "--threshold",
-        type=float,
+        type=arg_float(),
         default=None,
         help=f"a rank this much slower than the others is a straggler (default {THRESHOLD})",
     )
@@ -152,10 +153,7 @@ def run_one_process(args: argparse.Namespace) -> int:
     trace = (args.trace[0] if len(args.trace) == 1 else args.trace) if args.trace else None
     code = None
     if args.code:
-        try:
-            code = Path(args.code).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise GpuDiagError(f"cannot read --code {args.code}: {exc.strerror}") from exc
+        code = read_text(args.code, "--code file", max_bytes=CODE_BYTES)
     if steps < 1:
         raise GpuDiagError("--steps must be at least 1")
     system = inspect(replay=args.replay, topology=args.topology or None)

@@ -16,8 +16,10 @@ import json
 import sys
 from typing import Any
 
-from gpudiag.commands.compare import parse_overrides
-from gpudiag.errors import ArgumentError, GpuDiagError
+from gpudiag._files import CONFIG_BYTES, read_json
+from gpudiag._values import arg_float, arg_int
+from gpudiag.commands.compare import add_step_timeout, parse_overrides, with_step_timeout
+from gpudiag.errors import ArgumentError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="change the demo")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=arg_int(1, 1 << 30),
         default=None,
         help="sequences (or samples) per step (default: 1 with --config, else the demo's)",
     )
-    parser.add_argument("--seq-len", type=int, default=None, help="with --config")
+    parser.add_argument("--seq-len", type=arg_int(1, 1 << 30), default=None, help="with --config")
     parser.add_argument("--precision", default=None, help="fp32, bf16 or fp16")
     parser.add_argument("--optimizer", default=None, help="adamw, adam, sgd, sgd_momentum, ...")
     parser.add_argument(
@@ -66,10 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-memory-gb",
-        type=float,
+        type=arg_float(),
         default=None,
         help="memory a snapshot read may take, in GiB (default: half of this machine's)",
     )
+    add_step_timeout(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -85,11 +88,7 @@ def compute(
     from gpudiag.experiment.estimate import estimate_memory
 
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as fh:
-                config = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise GpuDiagError(f"could not read the config {args.config}: {exc}") from None
+        config = read_json(args.config, "config", max_bytes=CONFIG_BYTES)
         est = estimate_memory(
             config,
             batch_size=args.batch_size,
@@ -107,6 +106,7 @@ def compute(
         from gpudiag import workloads
 
         workload = workloads.get(args.workload or "gpt", **parse_overrides(args.set))
+    workload = with_step_timeout(workload, args.step_timeout)
     if args.batch_size is not None:
         workload = copy.copy(workload)  # the user's workload keeps its batch size
         workload.batch_size = int(args.batch_size)

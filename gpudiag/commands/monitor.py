@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpudiag._values import arg_float
 from gpudiag.commands.devices import parse_devices
 from gpudiag.monitoring import Monitor, monitor
 
@@ -14,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     notebook's history)."""
     parser.add_argument(
         "--interval",
-        type=float,
+        type=arg_float(),
         default=None,
         metavar="S",
         help="seconds between samples (0.1 here, 1 for a cluster)",

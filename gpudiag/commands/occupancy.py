@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpudiag._values import arg_int
 from gpudiag.analysis.occupancy import (
     Occupancy,
     OccupancyInputError,
@@ -21,15 +22,17 @@ _STATIC_SMEM_MAX = 48 * 1024
 
 def _bytes(text: str) -> int:
     """'4096', '48K', '48KiB', '1.5k' -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(k|kb|kib)?\s*", text, re.IGNORECASE)
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(k|kb|kib)?\s*", text, re.IGNORECASE)
     if not match:
         raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 4096 or 48K)")
     value = float(match.group(1)) * (1024 if match.group(2) else 1)
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
+    if not value.is_integer() or value > 1 << 40:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes (up to 1 TiB)")
     return int(value)
 
 
+# Options take ASCII whole numbers; their ranges are checked by gd.occupancy itself, which says
+# which limit of the GPU a value breaks.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -38,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--gpu", metavar="NAME", help="a GPU name from the spec table, e.g. 'H100 PCIe'"
     )
-    parser.add_argument("--threads", type=int, default=256, help="threads per block (default 256)")
-    parser.add_argument("--regs", type=int, default=32, help="registers per thread (default 32)")
+    parser.add_argument(
+        "--threads", type=arg_int(high=1 << 31), default=256, help="threads per block (default 256)"
+    )
+    parser.add_argument(
+        "--regs", type=arg_int(high=1 << 31), default=32, help="registers per thread (default 32)"
+    )
     parser.add_argument(
         "--smem",
         type=_bytes,
@@ -50,15 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dynamic-smem", type=_bytes, default=0, help="extra dynamic shared memory"
     )
     carve = parser.add_mutually_exclusive_group()
-    carve.add_argument("--carveout-kib", type=int, default=None, help="L1/shared split in KiB")
+    carve.add_argument(
+        "--carveout-kib", type=arg_int(high=1 << 31), default=None, help="L1/shared split in KiB"
+    )
     carve.add_argument(
         "--carveout-percent",
-        type=int,
+        type=arg_int(high=1 << 31),
         default=None,
         help="cudaFuncAttributePreferredSharedMemoryCarveout (0-100; -1 default)",
     )
     parser.add_argument(
-        "--barriers", type=int, default=1, help="named barriers per block (default 1)"
+        "--barriers",
+        type=arg_int(high=1 << 31),
+        default=1,
+        help="named barriers per block (default 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpudiag.errors import GpuDiagError
+from gpudiag._files import CONFIG_BYTES, read_json
+from gpudiag._values import arg_float, arg_int, whole_number
+from gpudiag.errors import ArgumentError, GpuDiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,34 +24,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a known model (gpt3-175b, llama3-70b, ...) or a JSON config file",
     )
-    parser.add_argument("--layers", type=int, default=None, help="without a model: layers")
-    parser.add_argument("--hidden", type=int, default=None, help="without a model: hidden size")
-    parser.add_argument("--heads", type=int, default=None, help="without a model: heads")
-    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA)")
-    parser.add_argument("--ffn", type=int, default=None, help="MLP hidden size (default 4 x)")
-    parser.add_argument("--vocab", type=int, default=0, help="vocabulary size")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs in all")
+    parser.add_argument(
+        "--layers", type=arg_int(1, 100_000), default=None, help="without a model: layers"
+    )
+    parser.add_argument(
+        "--hidden", type=arg_int(1, 1 << 20), default=None, help="without a model: hidden size"
+    )
+    parser.add_argument(
+        "--heads", type=arg_int(1, 1 << 16), default=None, help="without a model: heads"
+    )
+    parser.add_argument(
+        "--kv-heads", type=arg_int(1, 1 << 16), default=None, help="key/value heads (GQA)"
+    )
+    parser.add_argument(
+        "--ffn", type=arg_int(1, 1 << 24), default=None, help="MLP hidden size (default 4 x)"
+    )
+    parser.add_argument("--vocab", type=arg_int(0, 1 << 31), default=0, help="vocabulary size")
+    parser.add_argument("--gpus", type=arg_int(1, 1_000_000), required=True, help="GPUs in all")
     parser.add_argument("--gpu", default="H100 SXM5 80GB", help="a GPU the spec table knows")
     parser.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB")
     parser.add_argument(
-        "--nodes", type=int, default=None, help="machines (default: one, or the recorded one's)"
+        "--nodes",
+        type=arg_int(1, 1_000_000),
+        default=None,
+        help="machines (default: one, or the recorded one's)",
     )
     parser.add_argument(
-        "--gpus-per-node", type=int, default=None, help="GPUs per machine (default up to 8)"
+        "--gpus-per-node",
+        type=arg_int(1, 4096),
+        default=None,
+        help="GPUs per machine (default up to 8)",
     )
     parser.add_argument(
-        "--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)"
+        "--seq-len",
+        type=arg_int(1, 1 << 30),
+        default=None,
+        help="tokens per sequence (default: the model's)",
     )
-    parser.add_argument("--global-batch", type=int, default=None, help="sequences per step")
     parser.add_argument(
-        "--micro-batch", type=int, default=1, help="sequences per GPU per micro-step (%(default)s)"
+        "--global-batch", type=arg_int(1, 1 << 30), default=None, help="sequences per step"
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=arg_int(1, 1 << 30),
+        default=1,
+        help="sequences per GPU per micro-step (%(default)s)",
     )
     parser.add_argument("--topology", default=None, help="a recorded `nvidia-smi topo -m` file")
     parser.add_argument("--precision", default="bf16", help="bf16, fp16 or fp32 (%(default)s)")
-    parser.add_argument("--mfu", type=float, default=None, help="assumed model FLOPs use")
-    parser.add_argument("--network-gbps", type=float, default=None, help="GB/s per GPU")
+    parser.add_argument(
+        "--mfu", type=arg_float(0, 1, low_open=True), default=None, help="assumed model FLOPs use"
+    )
+    parser.add_argument(
+        "--network-gbps", type=arg_float(0, 1e6, low_open=True), default=None, help="GB/s per GPU"
+    )
     parser.add_argument("--zero", default=None, help="ZeRO stages to consider, e.g. 0,1")
-    parser.add_argument("--top", type=int, default=10, help="layouts to print")
+    parser.add_argument("--top", type=arg_int(0, 100_000), default=10, help="layouts to print")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -81,10 +111,7 @@ def model_from_args(args: argparse.Namespace, namespace: dict[str, Any] | None =
         return name
     path = Path(name)
     if path.suffix.lower() == ".json" or path.exists():
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise GpuDiagError(f"could not read the config {name}: {exc}") from None
+        return read_json(path, "config", max_bytes=CONFIG_BYTES)
     raise GpuDiagError(
         f"{name!r} is neither a known model ({', '.join(KNOWN_MODELS)}) nor a JSON config file"
     )
@@ -102,8 +129,10 @@ def compute(args: argparse.Namespace, namespace: dict[str, Any] | None = None) -
     zero: tuple[int, ...] = (0, 1, 2, 3)
     if args.zero:
         try:
-            zero = tuple(int(z) for z in args.zero.split(","))
-        except ValueError:
+            zero = tuple(
+                whole_number(z, "a ZeRO stage", low=0, high=3) for z in args.zero.split(",")
+            )
+        except ArgumentError:
             raise GpuDiagError(f"--zero {args.zero!r}: list stages, e.g. 0,1,2,3") from None
     return planner.plan(
         model_from_args(args, namespace),

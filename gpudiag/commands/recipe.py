@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpudiag._values import arg_int, digits
+
 ACTIONS = ("show", "check", "env", "python", "torchrun", "slurm")
 
 
@@ -18,9 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rdzv-endpoint", default=None, help="torchrun on several nodes: HOST:PORT"
     )
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="slurm: GPUs per node")
+    parser.add_argument(
+        "--gpus-per-node", type=arg_int(1, 1024), default=8, help="slurm: GPUs per node"
+    )
     parser.add_argument("--partition", default=None, help="slurm: partition")
     parser.add_argument("--time", default=None, help="slurm: time limit ([D-]HH:MM:SS)")
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="NCCL_VAR",
+        help="export an NCCL variable that loads a plugin or names a file (refused by default: "
+        "a recipe is data); repeat for several",
+    )
 
 
 def render(args: argparse.Namespace) -> tuple[str, int]:
@@ -32,19 +44,21 @@ def render(args: argparse.Namespace) -> tuple[str, int]:
     if args.action == "show":
         return (recipe.to_json() if args.json else repr(recipe) + "\n"), 0
     if args.action == "env":
-        return recipe.to_env() or "# this recipe sets no environment variables\n", 0
+        text = recipe.to_env(allow=args.allow)
+        return text or "# this recipe sets no environment variables\n", 0
     if args.action == "python":
-        return recipe.to_python(path=args.file), 0
+        return recipe.to_python(path=args.file, allow=args.allow), 0
     if args.action == "torchrun":
         line = recipe.torchrun_command(
             args.script,
             nproc_per_node=args.nproc,
-            nnodes=int(args.nnodes) if str(args.nnodes).isdigit() else args.nnodes,
+            nnodes=int(args.nnodes) if digits(str(args.nnodes)) else args.nnodes,
             rdzv_endpoint=args.rdzv_endpoint,
+            allow=args.allow,
         )
         return line + "\n", 0
     if args.action == "slurm":
-        if not str(args.nnodes).isdigit():
+        if not digits(str(args.nnodes)):
             raise RecipeError(f"--nnodes for a SLURM script is a number, got {args.nnodes!r}")
         text = recipe.slurm_script(
             args.script,
@@ -52,6 +66,7 @@ def render(args: argparse.Namespace) -> tuple[str, int]:
             gpus_per_node=args.gpus_per_node,
             partition=args.partition,
             time=args.time,
+            allow=args.allow,
         )
         return text, 0
     checks = recipe.check()

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from gpudiag._values import arg_float, arg_int
 from gpudiag.analysis.files import GiB
 from gpudiag.analysis.trace import analyze_trace
 from gpudiag.errors import ArgumentError
@@ -17,16 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "files", nargs="+", metavar="FILE", help="trace files (.json / .json.gz), one per rank"
     )
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
-    parser.add_argument("--top", type=int, default=10, help="kernels and CPU operators to list")
+    parser.add_argument(
+        "--top", type=arg_int(0, 100_000), default=10, help="kernels and CPU operators to list"
+    )
     parser.add_argument(
         "--max-gb",
-        type=float,
+        type=arg_float(),
         default=None,
         help="the most JSON text to read from one file, in GiB (default 64: a runaway file stops)",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=arg_int(),
         default=None,
         help="ranks analysed at once in separate processes (default: one per core, big traces)",
     )

@@ -12,7 +12,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from gpudiag._rank_exit import exit_process
+from gpudiag._rank_exit import run_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,4 +54,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    run_main(main)

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpudiag._progress import ProgressFn, resolve, ticking
 from gpudiag._report import html_grid, jsonable
+from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.stats import Measurement
 from gpudiag.analysis.verdict import NOT_APPLIED, VerdictPlan, judge
 from gpudiag.distributed.launch import torchrun
@@ -176,15 +177,13 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="gpudiag-trial-") as tmp:
         plan_path, out_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
-        try:
-            torchrun(
-                [WORKER_MODULE, str(plan_path), str(out_path)],
-                nproc,
-                timeout_s=timeout_s,
-                cwd=cwd,
-            )
-        except DistributedError as exc:
-            raise DistributedError(str(exc).replace("-rank job", "-rank trial", 1)) from None
+        torchrun(
+            [WORKER_MODULE, str(plan_path), str(out_path)],
+            nproc,
+            timeout_s=timeout_s,
+            cwd=cwd,
+            what="trial",
+        )
         if not out_path.is_file():
             raise DistributedError(f"the {nproc}-rank trial wrote no result")
         data: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
@@ -295,11 +294,13 @@ def compare_distributed(
     started = time.perf_counter()
     if not isinstance(nproc, int) or nproc < 1:
         raise DistributedError(f"nproc must be a whole number of ranks, 1 or more; got {nproc!r}")
-    for name, value in (("rounds", rounds), ("steps_per_round", steps_per_round)):
-        if int(value) < 1:
-            raise DistributedError(f"{name} must be at least 1, got {value}")
-    if int(accumulation) < 1:
-        raise DistributedError(f"accumulation must be at least 1, got {accumulation}")
+    for name, value in (
+        ("rounds", rounds), ("steps_per_round", steps_per_round), ("accumulation", accumulation),
+        ("memory_steps", memory_steps),
+    ):  # fmt: skip
+        whole_number(value, name, low=0 if name == "memory_steps" else 1, high=10_000,
+                     error=DistributedError)  # fmt: skip
+    finite_number(timeout_s, "timeout_s", low=0, low_open=True, error=DistributedError)
     on_gpu = cuda.available()
     if on_gpu and nproc > cuda.device_count():
         raise DistributedError(

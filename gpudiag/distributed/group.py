@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudiag._rank_exit import joined_a_group
+from gpudiag._values import digits
 from gpudiag.errors import DistributedError
 from gpudiag.probe import cuda
 
@@ -39,10 +40,11 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     text = env.get(name)
     if text is None or text == "":
         return None
-    try:
-        return int(text)
-    except ValueError:
-        raise DistributedError(f"{name}={text!r} is not a whole number (set by torchrun)") from None
+    if not digits(text.strip()) or len(text.strip()) > 9:
+        raise DistributedError(
+            f"{name}={text!r} is not a whole number in ASCII digits (torchrun sets it to one)"
+        )
+    return int(text)
 
 
 def rank_env(env: Mapping[str, str] | None = None) -> RankEnv | None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag.errors import UnsupportedFixError
 from gpudiag.probe import cuda
 from gpudiag.step import Step, Workload, split_batch
 
@@ -329,7 +330,12 @@ def run_rank(plan: Mapping[str, Any], device: str) -> list[RankArm]:
                 accumulation=accumulation,
                 memory_steps=memory_steps,
             )
-        except Exception as exc:  # reported per arm; every rank fails the same way
+        except UnsupportedFixError as exc:
+            # A fix that cannot apply says so before any collective, the same on every rank:
+            # reported per arm. Anything else (the user's workload failing on one rank, an
+            # out-of-memory) ends this rank: the others would wait for it in their next
+            # collective until the group's timeout. torchrun then ends them, and the caller
+            # reports this rank's own error as the first failure (gpudiag._rank_exit).
             arm.error = f"{type(exc).__name__}: {exc}"
     live = [a for a in arms if not a.error]
     order_rng = random.Random(seed)

@@ -28,17 +28,21 @@ from gpudiag.analysis.stats import (
     describe_stop,
 )
 from gpudiag.analysis.verdict import NOT_APPLIED, UNDECIDED, Judgement, judge
-from gpudiag.errors import FixError, GpuDiagError
+from gpudiag.errors import FixError, GpuDiagError, StepExitError, StepTimeoutError
+from gpudiag.experiment.arguments import check_compare
+from gpudiag.experiment.busy import verdict_on
 from gpudiag.experiment.drift import Drift, StepTrace, compare_traces, not_measured
 from gpudiag.experiment.memory import PeakMemory, measure_peak_memory
 from gpudiag.experiment.runner import Arm, load_values, seed_everything
+from gpudiag.experiment.step_limit import StepLimit
 from gpudiag.experiment.trial import isolated, tensor_bytes
 from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix, Proof, ProofStatus, check_conflicts
 from gpudiag.fixes import _system as fix_system
-from gpudiag.probe import cuda
+from gpudiag.probe import contention, cuda
 
 if TYPE_CHECKING:
+    from gpudiag.probe.contention import MachineLoad
     from gpudiag.probe.system import SystemReport
 
 FixLike = Fix | str
@@ -186,6 +190,9 @@ class Comparison:
     # How verdicts were reached (VerdictPlan.describe()): confidence over the planned looks,
     # tolerance, equivalence margin.
     verdict_rule: str = ""
+    # How busy the machine was during the timed rounds (real timings only; None with an
+    # injected clock): a busy machine turns "no significant difference" into "undecided".
+    machine_load: MachineLoad | None = None
 
     # -- accessors ------------------------------------------------------------------------
     def _measured(self) -> list[ArmResult]:
@@ -233,8 +240,8 @@ class Comparison:
         return a.speedup
 
     def verdict(self, fix: Any = None) -> str:
-        """'faster', 'slower', 'no significant difference', 'undecided' or 'not applied' for
-        ``fix`` vs the baseline."""
+        """'faster', 'slower', 'no significant difference', 'undecided' (not enough evidence,
+        or a busy machine) or 'not applied' for ``fix`` vs the baseline."""
         a = self.arm(fix)
         if a.verdict is None:
             raise GpuDiagError(f"{a.label} has no verdict: {a.error or 'it was not measured'}")
@@ -319,6 +326,11 @@ class Comparison:
 
     def warnings(self) -> list[str]:
         out = []
+        if self.machine_load is not None and self.machine_load.busy:
+            out.append(
+                "the machine was busy during the timed rounds: "
+                + "; ".join(self.machine_load.reasons())
+            )
         for a in (self.baseline, *self.arms):
             if a.verdict != NOT_APPLIED:  # never timed: its reason is said below the table
                 out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
@@ -439,6 +451,9 @@ class Comparison:
                 "created_at": self.created_at,
                 "system": self.system,
                 "verdict_rule": self.verdict_rule,
+                "machine_load": (
+                    None if self.machine_load is None else self.machine_load.to_dict()
+                ),
             }
         )
 
@@ -536,6 +551,7 @@ def compare(
     ``fsdp.wrap``; the keyword arguments of gpudiag.experiment.distributed.compare_distributed,
     e.g. ``ddp=``, ``accumulation=``, ``workload_args=``, ``rounds=``, apply).
     """
+    check_compare(locals())  # the protocol's numbers, before anything runs
     if nproc is not None:  # N ranks through torchrun: gpudiag.experiment.distributed
         distributed.setdefault("progress", progress)
         return _hand_off(workload, fixes, nproc, seed, confidence, tolerance, distributed)
@@ -587,15 +603,20 @@ def compare(
             _proof_phase(arms)
             k = _steps_per_sample(arms, min_sample_s, steps_per_sample)
             compiled_before = {a.label: a.dynamo["frames"] for a in arms}
+            before = contention.snapshot()
             rounds, stops, looks, measuring_s = _timing_phase(
                 arms, rule, adaptive, k, seed, on_progress, clock, wall
             )
+            # Real timings only: an injected clock's times do not depend on the machine.
+            load = contention.between(before, contention.snapshot()) if clock is None else None
             _recompile_notes(arms, compiled_before)
         finally:
             for arm in arms:
                 arm.close()
 
     results = _verdict_phase(arms, traces, memory, stops, looks, workload)
+    # After the evidence: a busy machine allows no "no significant difference" (busy.py).
+    results = [_on_this_machine(r, load) for r in results]
     overall = _overall_stop(stops, adaptive, rounds, rule)
     notes += list(
         dict.fromkeys(
@@ -623,6 +644,7 @@ def compare(
         created_at=_dt.datetime.now().isoformat(timespec="seconds"),
         system=system_facts,
         verdict_rule=rule.plan.describe(),
+        machine_load=load,
     )
     _remember(workload, comparison)
     return comparison
@@ -772,6 +794,7 @@ def _build_arms(
     notes: list[str],
 ) -> list[Arm]:
     arms = []
+    limit = StepLimit.of(workload)  # one for all arms: later steps are limited from the first
     for combo in [(), *arm_fixes]:
         label = "+".join(f.label for f in combo) or "baseline"
         model = workload.model
@@ -781,7 +804,7 @@ def _build_arms(
             except Exception as exc:  # some modules (open files, locks) cannot be copied
                 notes.append(f"deep copy failed ({exc}); arms share the user's model")
                 return _build_arms(workload, arm_fixes, True, device_type, system, notes)
-        arms.append(Arm(label, combo, workload, model, shared, device_type, system))
+        arms.append(Arm(label, combo, workload, model, shared, device_type, system, limit=limit))
     return arms
 
 
@@ -816,6 +839,8 @@ def _drift_phase(
             traces[key] = arm.trace(steps, clock)
         except Exception as exc:
             arm.error = _error_text(exc)
+        if arms[0].error is not None:
+            break  # no comparison without a baseline: the warm-up phase says why
     if shared:
         snapshot.restore()
     for arm in arms:
@@ -854,11 +879,11 @@ def _drift_for(traces: dict[str, StepTrace], arm: Arm, baseline: Arm) -> Drift:
 def _memory_phase(arms: list[Arm], device_type: str) -> dict[str, PeakMemory]:
     out = {}
     for arm in arms:
-        if not arm.runs:
+        if not arm.runs or arms[0].error is not None:
             continue
         try:
             with arm.active():
-                out[arm.label] = measure_peak_memory(arm.target.run, device_type=device_type)
+                out[arm.label] = measure_peak_memory(arm.step, device_type=device_type)
         except Exception as exc:
             arm.error = _error_text(exc)
     return out
@@ -868,7 +893,7 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
     """At least one timed step per arm (allocator, autotuning, lazy init); a failing arm keeps
     its error, a failing baseline ends the comparison."""
     for arm in arms:
-        if not arm.runs:
+        if not arm.runs or arms[0].error is not None:
             continue
         try:
             for _ in range(max(1, warmup_steps)):
@@ -881,10 +906,15 @@ def _warmup_phase(arms: list[Arm], warmup_steps: int, clock: Callable[[], float]
 
 def _proof_phase(arms: list[Arm]) -> None:
     """One untimed, warm step of each arm, observed: each fix proves it took effect against
-    the baseline's step (FixSpec.proof). An arm with a fix that did not is not timed."""
+    the baseline's step (FixSpec.proof). An arm with a fix that did not is not timed. The
+    observed step runs under the step limit (Arm.step) like every other; a baseline whose
+    step hangs or exits there ends the comparison, as in the phases before."""
     baseline = None
     try:
         baseline = arms[0].prove(None)
+    except (StepTimeoutError, StepExitError) as exc:
+        arms[0].error = _error_text(exc)
+        raise GpuDiagError(f"the baseline itself failed: {arms[0].error}") from exc
     except Exception as exc:  # the arms are still proven, without a baseline to compare to
         arms[0].notes.append(f"the baseline's step could not be observed: {_error_text(exc)}")
     for arm in arms[1:]:
@@ -1062,6 +1092,25 @@ def _verdict_phase(
             )
         )
     return results
+
+
+def _on_this_machine(result: ArmResult, load: MachineLoad | None) -> ArmResult:
+    """The verdict the machine's load allows (gpudiag.experiment.busy), applied after the
+    evidence (``judge``): an arm judged "no significant difference" on a busy machine becomes
+    "undecided", its judgement saying what it needs (a quieter machine), the reason also in
+    its notes; faster / slower stand (the comparison warns that the machine was busy)."""
+    judged, why = verdict_on(load, result.verdict)
+    if not why:
+        return result
+    judgement = result.judgement or Judgement(
+        UNDECIDED, result.speedup, len(result.step_time.samples_s), why
+    )
+    judgement = dataclasses.replace(
+        judgement, verdict=UNDECIDED, reason=why, more_rounds=None, more_s=None
+    )
+    return dataclasses.replace(
+        result, verdict=judged, judgement=judgement, notes=(*result.notes, why)
+    )
 
 
 def per_baseline_step(arm: Arm, baseline: Arm) -> list[float]:

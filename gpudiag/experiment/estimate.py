@@ -15,7 +15,9 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
+from gpudiag._values import whole_number
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
     MemoryEstimateError,
@@ -27,6 +29,8 @@ from gpudiag.analysis.memory_estimate import (
     with_parallelism,
 )
 from gpudiag.experiment.runner import Arm
+from gpudiag.experiment.step_limit import shared_limits
+from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload
 from gpudiag.fixes import Fix
 from gpudiag.profiling.memory import fake_copy, fake_tensors, traced_step_memory
@@ -119,13 +123,15 @@ def traced_peak(
         )
     import torch
 
-    with fake_tensors() as mode:
+    # The user's loss and batch code runs here too: whatever it does to the process (the
+    # working directory, sys.argv, the environment, torch's switches) is put back.
+    with isolated(), fake_tensors() as mode:
         model = fake_copy(mode, workload.model)
         wl = copy.copy(workload)
         wl.model, wl.batch_size, wl.protected = model, int(batch_size), (model,)
         if optimizer != "workload":
             wl.optimizer_factory = optimizer if callable(optimizer) else None
-        arm = Arm("estimate", fixes, wl, model, False, workload.device_type)
+        arm = Arm("estimate", fixes, wl, model, False, workload.device_type, fake=True)
         arm.open()
         try:
             arm.new_optimizer()
@@ -157,9 +163,11 @@ def _traced_estimate(
 ) -> MemoryEstimate:
     if not workload.owns_step:
         traced_peak(workload, 1)  # raises the step-function error
-    size = workload.batch_size if batch_size is None else int(batch_size)
-    if size < 1:
-        raise MemoryEstimateError("batch_size must be at least 1")
+    size = (
+        workload.batch_size
+        if batch_size is None
+        else whole_number(batch_size, "batch_size", low=1, high=1 << 30, error=MemoryEstimateError)
+    )
     fixes = memory_fixes(precision, checkpointing)
     factory: Any = "workload" if optimizer is None else optimizer_factory(optimizer)
     other = size // 2 if size > 1 else 2
@@ -233,21 +241,22 @@ def estimate_memory(
                 "seq_len applies to a config; a workload's batch fixes its sequence length "
                 "(build the workload at that length)"
             )
-        est = _traced_estimate(
-            workload_or_model,
-            batch_size=batch_size,
-            precision=precision,
-            optimizer=optimizer,
-            checkpointing=checkpointing,
-            scale_by_batch=scale_by_batch,
-            on_progress=resolve(progress, "estimate"),
-        )
+        with user_code_failures("gd.estimate_memory"), shared_limits(workload_or_model):
+            est = _traced_estimate(
+                workload_or_model,
+                batch_size=batch_size,
+                precision=precision,
+                optimizer=optimizer,
+                checkpointing=checkpointing,
+                scale_by_batch=scale_by_batch,
+                on_progress=resolve(progress, "estimate"),
+            )
         return with_parallelism(est, parallelism)
 
     def formulas(config: Any, name: str = "") -> MemoryEstimate:
         return estimate_transformer(
             config,
-            batch_size=int(batch_size or 1),
+            batch_size=batch_size or 1,
             seq_len=seq_len,
             precision=precision or "bf16",
             optimizer=optimizer or "adamw",
@@ -272,7 +281,7 @@ def estimate_memory(
             workload_or_model,
             batch=inputs,
             optimizer=optimizer_factory(optimizer or "adamw"),
-            batch_size=int(batch_size or 1),
+            batch_size=batch_size or 1,
         )
         return estimate_memory(
             workload,

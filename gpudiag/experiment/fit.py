@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
 from gpudiag.analysis.memory_estimate import MemoryEstimate, format_bytes, with_parallelism
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
 from gpudiag.experiment.memory_report import capped_peak, parse_budget
+from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
 from gpudiag.fixes import _system as fix_system
@@ -219,7 +221,11 @@ def fit(
     global_batch = workload.batch_size
     # The estimate, up to three measured steps and the what-ifs (each a traced step).
     stages = Stages(resolve(progress, "fit"), "step", 7)
-    with closed_on_error(stages.on_progress):
+    with (
+        user_code_failures("gd.fit"),
+        shared_limits(workload),
+        closed_on_error(stages.on_progress),
+    ):
         result = _fit(workload, budget, source, global_batch, confirm, fsdp_degrees, stages)
     stages.finish()
     return result

@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
+from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate, format_bytes
 from gpudiag.experiment.runner import Arm
+from gpudiag.experiment.step_limit import shared_limits
 from gpudiag.experiment.trial import isolated
 from gpudiag.experiment.workload import Workload, WorkloadError
 from gpudiag.fixes import Fix
@@ -102,7 +105,9 @@ def _warm_copy(
         wl = copy.copy(workload)
         wl.model, wl.protected = model, (model,)
         if batch_size is not None:
-            wl.batch_size = int(batch_size)
+            wl.batch_size = whole_number(
+                batch_size, "batch_size", low=1, high=1 << 30, error=WorkloadError
+            )
         arm = Arm("memory", fixes, wl, model, False, workload.device_type)
         arm.open()
         try:
@@ -146,26 +151,40 @@ def _tensors(batch: Any) -> list[Any]:
     return [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
 
 
+# A budget above an exbibyte is not a memory size of any machine.
+MAX_BUDGET_BYTES = 1 << 60
+
+
 def parse_budget(budget: Any) -> int | None:
-    """Bytes from an int or a string such as "512MiB", "1.5 GiB", "2GB"; None stays None."""
+    """Bytes from an int or a string such as "512MiB", "1.5 GiB", "2GB"; None stays None.
+    ASCII digits only, finite, positive, at most an exbibyte; else WorkloadError."""
     if budget is None:
         return None
     if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        value = int(budget)
+        value = finite_number(
+            budget, "a memory budget (bytes)", low=0, high=MAX_BUDGET_BYTES, low_open=True,
+            error=WorkloadError,
+        )  # fmt: skip
     elif isinstance(budget, str):
-        m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", budget, flags=re.IGNORECASE)
+        m = re.fullmatch(
+            r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?B|B)?\s*", budget, flags=re.IGNORECASE
+        )
         if not m:
-            raise WorkloadError(f"memory budget {budget!r}: write bytes or e.g. '512MiB', '2GB'")
+            raise WorkloadError(
+                f"memory budget {budget[:40]!r}: write bytes or e.g. '512MiB', '2GB' "
+                "(ASCII digits and a unit)"
+            )
         unit = (m.group(2) or "B").upper()
-        scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}.get(unit)
-        if scale is None:
-            scale = 1024 ** ("KMGT".index(unit[0]) + 1)
-        value = int(float(m.group(1)) * scale)
+        power = "BKMGTPE".index(unit[0])
+        scale = 1024**power if "I" in unit or unit == "B" else 1000**power
+        value = float(m.group(1)) * scale
+        if value > MAX_BUDGET_BYTES:
+            raise WorkloadError(f"memory budget {budget!r} is more than an exbibyte")
     else:
         raise WorkloadError(f"memory budget must be bytes or a string, got {budget!r}")
-    if value < 1:
+    if int(value) < 1:
         raise WorkloadError("a memory budget must be positive")
-    return value
+    return int(value)
 
 
 def cuda_oom(exc: BaseException, budget_bytes: int | None) -> OutOfMemory:
@@ -370,6 +389,19 @@ def memory(
     ``progress``: a bar naming each step as it runs (``True``), none (``False``), or a
     callback that gets a ``gpudiag._progress.Progress`` per step and ``finished`` at the end.
     """
+    with user_code_failures("gd.memory"), shared_limits(workload):
+        return _memory(workload, batch_size, fixes, estimate, budget, system, progress)
+
+
+def _memory(
+    workload: Workload,
+    batch_size: int | None,
+    fixes: Any,
+    estimate: bool,
+    budget: Any,
+    system: SystemReport | None,
+    progress: bool | ProgressFn,
+) -> MemoryReport:
     from gpudiag.experiment.estimate import estimate_memory
 
     if not isinstance(workload, Workload):

@@ -41,6 +41,7 @@ from typing import Any
 
 from gpudiag import _views
 from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._values import finite_number, whole_number
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
     MemoryEstimateError,
@@ -418,10 +419,13 @@ def _gpu_memory(value: Any, spec: GpuSpec | None) -> int:
             raise PlanError(f"gpu_memory: {exc}") from None
         assert parsed is not None
         return parsed
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PlanError(f"gpu_memory must be bytes or a string such as '80GiB', got {value!r}")
+    number = finite_number(
+        value, "gpu_memory (GiB, or bytes)", low=0, high=2**60, low_open=True, error=PlanError
+    )
     # A small number is GiB (gpu_memory=80), a large one bytes.
-    return int(value * 2**30) if value < 4096 else int(value)
+    return int(number * 2**30) if number < 4096 else int(number)
 
 
 @dataclass(frozen=True)
@@ -601,10 +605,23 @@ def plan(
     module docstring for the formulas and assumptions, which the Plan repeats.
     """
     cfg, name = resolve_model(model_or_config)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise PlanError(f"gpus must be a positive whole number, got {gpus!r}")
-    if gpus > 1_000_000:
-        raise PlanError(f"{gpus} GPUs is more than gpudiag will enumerate layouts for")
+    gpus = whole_number(gpus, "gpus", low=1, high=1_000_000, error=PlanError)
+    for label, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if value is not None:
+            whole_number(value, label, low=1, high=1_000_000, error=PlanError)
+    if seq_len is not None:
+        seq_len = whole_number(seq_len, "seq_len", low=1, high=1 << 30, error=PlanError)
+    if global_batch is not None:
+        global_batch = whole_number(
+            global_batch, "global_batch", low=1, high=1 << 30, error=PlanError
+        )
+    micro_batch = whole_number(micro_batch, "micro_batch", low=1, high=1 << 30, error=PlanError)
+    mfu = finite_number(mfu, "mfu", low=0, high=1, low_open=True, error=PlanError)
+    headroom = finite_number(headroom, "headroom", low=0, high=0.99, error=PlanError)
+    network_gbps = finite_number(
+        network_gbps, "network_gbps (GB/s per GPU across nodes)", low=0, high=1e6,
+        low_open=True, error=PlanError,
+    )  # fmt: skip
     spec = lookup_gpu(gpu)
     if spec is None:
         raise PlanError(f"{gpu!r} is not in the spec table: name a GPU gpudiag.specs knows")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag.errors import UnsupportedFixError
 from gpudiag.experiment.drift import StepTrace
+from gpudiag.experiment.step_limit import StepLimit, limit_for
 from gpudiag.experiment.trial import GlobalState
 from gpudiag.fixes import Fix
 from gpudiag.fixes.base import ambient, ordered, transform
@@ -72,6 +74,21 @@ class Arm:
     proofs: tuple[Proof, ...] = ()
     # Dynamo's counters (frames compiled, graph breaks) summed over this arm's calls.
     dynamo: Counter[str] = field(default_factory=Counter)
+    # How long a step may run (shared by the arms of one run: later steps are limited from
+    # the run's first step; default: the workload's own); whether this arm has stepped yet.
+    limit: StepLimit | None = None
+    # The arm's steps run on fake tensors (a traced estimate): they never set the reference.
+    fake: bool = False
+    _stepped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit is None:
+            self.limit = limit_for(self.workload, fake=self.fake)
+
+    @property
+    def _limit(self) -> StepLimit:
+        assert self.limit is not None  # set in __post_init__
+        return self.limit
 
     @property
     def is_baseline(self) -> bool:
@@ -169,10 +186,10 @@ class Arm:
             ops = compiled = None
             missing = ""
             if any(f.spec.bypasses_dispatcher for f in self.fixes):
-                compiled, _ = compiled_regions(self.target.run)
+                compiled, _ = compiled_regions(self._limited_run)
                 missing = "compiled code does not pass through the dispatcher"
             else:
-                ops, _ = op_census(self.target.run)
+                ops, _ = op_census(self._limited_run)
             observation = Observation(
                 step=self.target,
                 ops=ops,
@@ -188,9 +205,28 @@ class Arm:
         return observation
 
     # -- stepping -----------------------------------------------------------------------
+    def _slow_first(self) -> bool:
+        """The next step is this arm's first, and one of its fixes compiles or captures then."""
+        return not self._stepped and any(f.spec.slow_first_step for f in self.fixes)
+
     def step(self, record: bool = False) -> tuple[float | None, float | None]:
-        """One training step; with ``record``, its loss and gradient norm (costs a sync)."""
-        return self.target.run(record)
+        """One training step within the step limit; with ``record``, its loss and gradient
+        norm (costs a sync)."""
+        first = not self._stepped
+        t0 = time.perf_counter()
+        with self._limit.guard(self.label, first=self._slow_first()):
+            out = self.target.run(record)
+        self._finished_steps(first, time.perf_counter() - t0)
+        return out
+
+    def _limited_run(self) -> None:
+        """One step within the step limit (the proof's observed step runs this)."""
+        self.step()
+
+    def _finished_steps(self, first: bool, seconds_per_step: float) -> None:
+        self._stepped = True
+        if first:
+            self._limit.observe_first(seconds_per_step)
 
     def trace(self, steps: int, clock: Callable[[], float]) -> StepTrace:
         """Seeded steps recording loss and gradient norm; the first step's time is kept."""
@@ -198,18 +234,23 @@ class Arm:
         norms: list[float | None] = []
         with self.active():
             for i in range(steps):
+                first = not self._stepped
                 t0 = clock()
-                loss, norm = self.target.run(record=True)
-                if i == 0 and self.first_step_s is None:
-                    cuda.synchronize()
-                    self.first_step_s = clock() - t0
+                with self._limit.guard(self.label, first=self._slow_first()):
+                    loss, norm = self.target.run(record=True)
+                    if i == 0 and self.first_step_s is None:
+                        cuda.synchronize()
+                        self.first_step_s = clock() - t0
+                self._finished_steps(first, self.first_step_s or (clock() - t0))
                 losses.append(loss)
                 norms.append(norm)
         return StepTrace(tuple(losses), tuple(norms))
 
     def timed(self, steps: int, clock: Callable[[], float] | None) -> float:
         """Seconds per step over ``steps`` consecutive steps (device time on CUDA)."""
-        with self.active():
+        first = not self._stepped
+        slow = self._slow_first()
+        with self.active(), self._limit.guard(self.label, first=slow, steps=steps):
             if clock is None:
                 with cuda.device_timer() as elapsed:
                     for _ in range(steps):
@@ -221,4 +262,5 @@ class Arm:
                     self.target.run()
                 cuda.synchronize()
                 seconds = clock() - t0
+        self._finished_steps(first, seconds / steps)
         return seconds / steps

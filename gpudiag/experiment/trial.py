@@ -6,20 +6,21 @@ the user's tensor objects stay the same, their gradients and ``requires_grad``, 
 attributes, submodules and hooks, the optimizers' state and param groups, torch / CUDA /
 Python / NumPy RNG states, and torch's global switches (TF32 and fp32-precision flags, float32
 matmul precision, cuDNN flags, SDPA backend enables, default dtype, grad mode, autocast state,
-deterministic algorithms, thread count) and the environment variables.
+deterministic algorithms, thread count), and the process's working directory, ``sys.argv``
+and environment variables (gpudiag._process_state).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import random
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpudiag._process_state import ProcessState
 from gpudiag.errors import GpuDiagError, GpuDiagWarning, TrialStateError
 from gpudiag.probe import cuda
 
@@ -163,14 +164,19 @@ def _same(a: Any, b: Any) -> bool:
 
 @dataclass
 class GlobalState:
-    """torch's process-wide switches, the RNG states and the environment at one moment."""
+    """torch's process-wide switches, the RNG states, and the working directory, ``sys.argv``
+    and environment at one moment."""
 
     switches: dict[str, Any]
     torch_rng: Any
     cuda_rng: Any
     python_rng: Any
     numpy_rng: Any
-    environ: dict[str, str] | None
+    process: ProcessState
+
+    @property
+    def environ(self) -> dict[str, str] | None:
+        return self.process.environ
 
     @classmethod
     def capture(cls, *, env: bool = True) -> GlobalState:
@@ -183,7 +189,7 @@ class GlobalState:
             cuda_rng=cuda.get_rng_states(),
             python_rng=random.getstate(),
             numpy_rng=np.random.get_state(),
-            environ=dict(os.environ) if env else None,
+            process=ProcessState.capture(env=env),
         )
 
     def restore(self) -> None:
@@ -201,12 +207,7 @@ class GlobalState:
         cuda.set_rng_states(self.cuda_rng)
         random.setstate(self.python_rng)
         np.random.set_state(self.numpy_rng)
-        if self.environ is not None and dict(os.environ) != self.environ:
-            for key in set(os.environ) - set(self.environ):
-                del os.environ[key]
-            for key, value in self.environ.items():
-                if os.environ.get(key) != value:
-                    os.environ[key] = value
+        self.process.restore()
 
     def differences(self, other: GlobalState) -> list[str]:
         out = [
@@ -218,10 +219,7 @@ class GlobalState:
         for name in ("torch_rng", "cuda_rng", "python_rng", "numpy_rng"):
             if not _same(getattr(self, name), getattr(other, name)):
                 out.append(f"{name.replace('_', ' ')} state changed")
-        if self.environ is not None and other.environ != self.environ:
-            changed = sorted(set(self.environ.items()) ^ set((other.environ or {}).items()))
-            out.append(f"environment variables changed: {sorted({k for k, _ in changed})}")
-        return out
+        return out + self.process.differences(other.process)
 
 
 # Module attributes holding tensors or hooks: their *contents* are restored, not just the dict.

@@ -55,6 +55,7 @@ class Compile(FixSpec):
     first_steps_note = (
         "compiled arms: the first step (compilation) is excluded from the timings; see first_step_s"
     )
+    slow_first_step = True
     summary = (
         "Compile the model with torch.compile (TorchDynamo + Inductor): fused kernels, "
         "fewer launches."

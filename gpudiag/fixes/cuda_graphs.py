@@ -273,6 +273,7 @@ def _clone_param_grads(model: Any, stack: ExitStack) -> int:
 class CudaGraphs(FixSpec):
     id = "cuda.graphs"
     needs = frozenset({Need.OWN_STEP, Need.MODEL})
+    slow_first_step = True
     summary = (
         "Capture the model's forward and backward as CUDA graphs "
         "(torch.cuda.make_graphed_callables) and replay them: a few launches per step "

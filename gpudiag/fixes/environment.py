@@ -76,6 +76,53 @@ class AllocatorConfig(_Environment):
         return {"PYTORCH_CUDA_ALLOC_CONF": ",".join(parts)} if parts else {}
 
 
+# NCCL's tuning and system-configuration variables (NCCL's "Environment Variables" page): what
+# an NCCL recipe is for. A recipe is data, exported and sourced without a second look, so any
+# other NCCL variable is refused on export unless the user allows it by name.
+NCCL_TUNING = frozenset(
+    "NCCL_" + name
+    for name in (
+        "ALGO", "PROTO", "MIN_NCHANNELS", "MAX_NCHANNELS", "MIN_NRINGS", "MAX_NRINGS",
+        "MIN_CTAS", "MAX_CTAS", "CGA_CLUSTER_SIZE", "NTHREADS", "BUFFSIZE", "LL128_BUFFSIZE",
+        "NCHANNELS_PER_NET_PEER", "P2P_DISABLE", "P2P_LEVEL", "P2P_DIRECT_DISABLE",
+        "P2P_PXN_LEVEL", "PXN_DISABLE", "P2P_NET_CHUNKSIZE", "P2P_NVL_CHUNKSIZE",
+        "P2P_PCI_CHUNKSIZE", "P2P_LL_THRESHOLD", "P2P_USE_CUDA_MEMCPY", "SHM_DISABLE",
+        "SHM_USE_CUDA_MEMCPY", "SHM_MEMCPY_MODE", "SHM_LOCALITY", "NVB_DISABLE", "NVLS_ENABLE",
+        "NVLS_NCHANNELS", "CUMEM_ENABLE", "CUMEM_HOST_ENABLE", "DMABUF_ENABLE",
+        "GRAPH_REGISTER", "GRAPH_MIXING_SUPPORT", "LOCAL_REGISTER", "LAUNCH_MODE",
+        "WORK_FIFO_DEPTH", "RUNTIME_CONNECT", "COMM_BLOCKING", "SINGLE_RING_THRESHOLD",
+        "LL_THRESHOLD", "TREE_THRESHOLD", "COLLNET_ENABLE", "COLLNET_NODE_THRESHOLD",
+        "ALLOC_P2P_NET_LL_BUFFERS", "IGNORE_CPU_AFFINITY", "SET_STACK_SIZE", "SET_THREAD_NAME",
+        "CROSS_NIC", "NET", "NET_GDR_LEVEL", "IB_GDR_LEVEL", "NET_GDR_READ",
+        "NET_SHARED_BUFFERS", "NET_SHARED_COMMS", "NET_FORCE_FLUSH", "SOCKET_IFNAME",
+        "SOCKET_FAMILY", "SOCKET_NTHREADS", "NSOCKS_PERTHREAD", "IB_DISABLE", "IB_HCA",
+        "IB_TIMEOUT", "IB_RETRY_CNT", "IB_GID_INDEX", "IB_ROCE_VERSION_NUM", "IB_SL", "IB_TC",
+        "IB_FIFO_TC", "IB_AR_THRESHOLD", "IB_CUDA_SUPPORT", "IB_QPS_PER_CONNECTION",
+        "IB_SPLIT_DATA_ON_QPS", "IB_PCI_RELAXED_ORDERING", "IB_ADAPTIVE_ROUTING",
+        "IB_MERGE_NICS", "IB_ECE_ENABLE", "IB_RETURN_ASYNC_EVENTS", "DEBUG", "DEBUG_SUBSYS",
+        "DEBUG_TIMESTAMP_FORMAT", "DEBUG_TIMESTAMP_LEVELS",
+    )
+)  # fmt: skip
+
+
+def nccl_refusal(name: str) -> str:
+    """Why a recipe may not set the NCCL variable ``name`` unless the user allows it by name;
+    "" for a tuning variable it may set."""
+    if name.endswith("_PLUGIN"):
+        return (
+            f"{name} makes every process that starts NCCL load the shared library it names "
+            "(code, not a setting)"
+        )
+    if any(word in name for word in ("FILE", "PATH", "_DIR")):
+        return (
+            f"{name} names a file NCCL reads or writes: a recipe could make training overwrite "
+            "one (NCCL_DEBUG_FILE=~/.bashrc) or read one it should not"
+        )
+    if name not in NCCL_TUNING:
+        return f"{name} is not an NCCL tuning variable gpudiag knows"
+    return ""
+
+
 class NcclParams(FixParams):
     variables: dict[str, str] = Field(default_factory=dict)
 

@@ -493,6 +493,7 @@ class FP8(FixSpec):
     """
 
     id = "precision.fp8"
+    slow_first_step = True
     summary = (
         "Swap linear layers for Transformer Engine modules and run them under TE's FP8 autocast "
         "with a delayed-scaling recipe (format, amax history)."

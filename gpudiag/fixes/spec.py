@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpudiag._values import is_ascii_int, is_ascii_number
 from gpudiag.errors import FixError, UnsupportedFixError
 from gpudiag.fixes.proof import Observation, Proof, unverified
 from gpudiag.step import Step
@@ -52,18 +53,18 @@ _BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False,
 
 def parse_value(text: str) -> Any:
     """One spelling of values for every ``key=value`` gpudiag reads (fix parameters,
-    ``--set`` of the demo workloads): true/yes/on, false/no/off, none/null, integers,
-    decimal numbers, else the text itself."""
+    ``--set`` of the demo workloads): true/yes/on, false/no/off, none/null, whole and decimal
+    numbers in ASCII digits (``'٣'``, ``nan``, ``inf`` and ``1_000`` stay text, which the
+    parameter's own check then refuses by name), else the text itself."""
     low = text.strip().lower()
     if low in _BOOLEANS:
         return _BOOLEANS[low]
     if low in {"none", "null"}:
         return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
+    if is_ascii_int(text) and len(text.strip().lstrip("+-")) <= 19:  # int() stops at 4300
+        return int(text)
+    if is_ascii_number(text):
+        return float(text)
     return text
 
 
@@ -121,6 +122,9 @@ class FixSpec:
     trial_only: ClassVar[bool] = False
     trial_only_reason: ClassVar[str] = "changes the batches of gpudiag's trials only"
     order: ClassVar[int] = 50  # application order: compile (90) wraps, cuda.graphs (95) captures
+    # Its first step compiles or captures (minutes, not milliseconds): a trial gives that step
+    # the long first-step limit (gpudiag.experiment.step_limit) instead of 10x the baseline's.
+    slow_first_step: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -32,6 +32,12 @@ SUBCOMMANDS: tuple[str, ...] = (
 )
 
 
+RESTORED = (
+    "the notebook's models, optimizers and variables, torch's switches, the working directory, "
+    "sys.argv and the environment were restored"
+)
+
+
 class _ParserExit(Exception):
     """argparse wanted to exit (``--help`` or a usage error); the message is already shown."""
 
@@ -112,6 +118,13 @@ def dispatch(line: str, cell: str | None, shell: Any) -> Any:
     except GpuDiagError as exc:
         print(f"gpudiag: {exc}")
         return None
+    except SystemExit as exc:  # never out of a magic: it would end the cell's kernel session
+        print(f"gpudiag: {name} stopped: sys.exit({exc.code!r}) was called; {RESTORED}")
+        return None
+    except KeyboardInterrupt:
+        # Reported as what it is, and raised again so that "Run all" stops here too.
+        print(f"gpudiag: {name} interrupted (KeyboardInterrupt); {RESTORED}")
+        raise
 
 
 def load_ipython_extension(ipython: Any) -> None:

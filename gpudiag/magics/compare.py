@@ -33,6 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_protocol_arguments(parser)
 
 
+def compile_cell(cell: str, filename: str) -> types.CodeType:
+    """The cell as code; a cell that does not compile is a GpuDiagError with its line (the
+    magic never runs a cell it cannot read, and never raises Python's SyntaxError at you)."""
+    try:
+        return compile(cell, filename, "exec")
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte in the cell
+        where = f" on line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        raise GpuDiagError(
+            f"the cell does not compile ({type(exc).__name__}{where}: {message}): fix it and "
+            "run it as a plain cell first"
+        ) from None
+
+
 def _names(code: types.CodeType) -> set[str]:
     """Every global name the code (and the functions it defines) reads or writes."""
     out = set(code.co_names)
@@ -80,7 +94,7 @@ def cell_workload(
     """
     from gpudiag.experiment.workload import Workload
 
-    code = compile(cell, f"<%%gpudiag {magic} cell>", "exec")
+    code = compile_cell(cell, f"<%%gpudiag {magic} cell>")
     names = _names(code)
     modules, optimizers = _torch_objects(names, namespace)
 

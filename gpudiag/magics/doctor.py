@@ -14,7 +14,9 @@ import contextlib
 import io
 from typing import Any
 
-from gpudiag.errors import GpuDiagError
+from gpudiag._values import arg_float, arg_int
+from gpudiag.commands.compare import add_step_timeout, with_step_timeout
+from gpudiag.errors import GpuDiagError, StepFailedError
 
 DEMO = "mlp"
 CELL_FILENAME = "<%%gpudiag doctor cell>"  # what tracebacks from the user's cell say
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="line form: a gd.Workload variable of the notebook, or a demo workload "
         f"(without it and without a cell: the demo {DEMO!r})",
     )
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps (3)")
+    parser.add_argument("--steps", type=arg_int(1, 10_000), default=3, help="profiled steps (3)")
     parser.add_argument(
         "--no-scaling",
         action="store_true",
@@ -41,8 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="return the Diagnosis itself instead of the card with Try-it buttons",
     )
     parser.add_argument(
-        "--budget", type=float, default=30.0, help="seconds a Try-it comparison may take (30)"
+        "--budget",
+        type=arg_float(0, 86_400, low_open=True),
+        default=30.0,
+        help="seconds a Try-it comparison may take (30)",
     )
+    add_step_timeout(parser)
 
 
 def demo_note(name: str) -> str:
@@ -97,6 +103,7 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
 
         namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
         workload, names = cell_workload(cell, namespace, each_run_restored=True, magic="doctor")
+        workload.step_timeout_s = args.step_timeout
         note = "gpudiag doctor: diagnosing the cell as your training step."
         system = inspect(replay=args.replay)
         try:
@@ -114,14 +121,18 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
                 )
         except Exception as exc:
             bar.close(complete=False)
-            if not _raised_in_cell(exc):
+            # gd.diagnose reports the user's own exception as StepFailedError: its cause.
+            cause = exc.__cause__ if isinstance(exc, StepFailedError) else exc
+            if not isinstance(cause, BaseException) or not _raised_in_cell(cause):
                 raise
             raise GpuDiagError(
-                f"the cell failed when run as a training step: {type(exc).__name__}: {exc} "
+                f"the cell failed when run as a training step: {type(cause).__name__}: {cause} "
                 "(run it as a plain cell first to see the traceback)"
-            ) from exc
+            ) from cause
     else:
         workload, note = _workload(args.workload, shell)
+        if not isinstance(workload, str):
+            workload = with_step_timeout(workload, args.step_timeout)
         print(note)  # first, before the profiling: the user knows what is being diagnosed
         diagnosis = diagnose(
             workload=workload,

@@ -23,7 +23,7 @@ from typing import Any
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
 from gpudiag.commands.memory import add_arguments as _add_cli_arguments
 from gpudiag.commands.memory import compute
-from gpudiag.errors import GpuDiagError
+from gpudiag.errors import GpuDiagError, StepExitError, StepTimeoutError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,24 +94,33 @@ def _cell_report(
     first_step: bool = False,
     estimate: bool = True,
     progress: bool | ProgressFn = True,
+    step_timeout_s: float | None = None,
 ) -> Any:
+    from gpudiag._deadline import user_code_failures
     from gpudiag.experiment.memory_report import MemoryReport, parse_budget
+    from gpudiag.experiment.step_limit import StepLimit, guarded
     from gpudiag.experiment.trial import isolated
-    from gpudiag.magics.compare import _bindings_restored, _torch_objects
+    from gpudiag.magics.compare import _bindings_restored, _torch_objects, compile_cell
     from gpudiag.profiling.memory import MemoryTimeline, measure_step_timeline
     from gpudiag.profiling.memory_budget import MemoryBudget, MemoryBudgetExceeded
 
-    code = compile(cell, "<%%gpudiag memory cell>", "exec")
+    code = compile_cell(cell, "<%%gpudiag memory cell>")
     names = _reached_names(code, namespace)
     modules, optimizers = _torch_objects(names, namespace)
     budget_bytes = parse_budget(budget)
+    limit = StepLimit(fixed_s=step_timeout_s)
+
+    # Every run of the cell is a step under the step limit: the first real run's time limits
+    # the later ones (gpudiag.experiment.step_limit); the runs on fake tensors get the first
+    # step's limit.
+    run_cell = guarded(lambda: _silently(code, namespace), limit, "the cell")
 
     def step() -> None:
         if budget_bytes is None:
-            _silently(code, namespace)
+            run_cell()
         else:
             with MemoryBudget(budget_bytes, track=[*modules, *optimizers]):
-                _silently(code, namespace)
+                run_cell()
 
     oom = None
     timeline = MemoryTimeline((), (), source="not measured")
@@ -121,6 +130,7 @@ def _cell_report(
     warm_up = not (first_step or warm_before)
     stages = Stages(resolve(progress, "memory"), "cell", 1 + warm_up + estimate)
     with (
+        user_code_failures("%%gpudiag memory"),
         closed_on_error(stages.on_progress),
         _bindings_restored(names, namespace),
         isolated(*modules, *optimizers),
@@ -129,12 +139,14 @@ def _cell_report(
             stages.next("the estimate (the cell twice on fake tensors)")
             try:
                 with _bindings_restored(names, namespace):  # the fakes leave before the run
-                    traced = _cell_estimate(code, names, namespace)
+                    traced = _cell_estimate(code, names, namespace, limit)
+            except (StepTimeoutError, StepExitError):
+                raise  # the cell hangs or exits on fake tensors: it would for real too
             except Exception as exc:  # a comparison; the measurement stands alone
                 notes.append(f"no estimate: {type(exc).__name__}: {exc}")
         if warm_up:
             stages.next("a warm-up run (the optimizer makes its state)")
-            _silently(code, namespace)
+            run_cell()
         stages.next("the measured run (profiled)")
         try:
             timeline = measure_step_timeline(step, track=[*modules, *optimizers])
@@ -147,7 +159,9 @@ def _cell_report(
     )
 
 
-def _cell_estimate(code: types.CodeType, names: set[str], namespace: dict[str, Any]) -> Any:
+def _cell_estimate(
+    code: types.CodeType, names: set[str], namespace: dict[str, Any], limit: Any
+) -> Any:
     """The cell's steady-state peak traced on fake tensors (nothing allocated): the notebook's
     modules, optimizers and tensors the cell reaches are swapped for fake copies while it runs
     twice (the first run makes the optimizer state), as gd.estimate_memory traces a workload.
@@ -156,6 +170,7 @@ def _cell_estimate(code: types.CodeType, names: set[str], namespace: dict[str, A
 
     from gpudiag.analysis.memory_estimate import MemoryEstimate, MemoryEstimateError
     from gpudiag.profiling.memory import fake_copy, fake_tensors, traced_step_memory
+    from gpudiag.step import constructor_settings
 
     with fake_tensors() as mode:
         fakes: dict[str, Any] = {}
@@ -183,13 +198,18 @@ def _cell_estimate(code: types.CodeType, names: set[str], namespace: dict[str, A
                             "does not name"
                         )
                     groups.append({**group, "params": [params[id(p)] for p in group["params"]]})
-                fakes[name] = type(value)(groups, **value.defaults)
+                cls = type(value)
+                fakes[name] = cls(groups, **constructor_settings(cls, value.defaults))
         namespace.update(fakes)
         track = list(fakes.values())
-        _silently(code, namespace)  # the optimizer makes its state, as in a warm step
-        traced = traced_step_memory(
-            lambda: _silently(code, namespace), track=track, device=_device(fakes)
-        )
+        with limit.guard("the cell on fake tensors", first=True):
+            _silently(code, namespace)  # the optimizer makes its state, as in a warm step
+
+        def traced_run() -> None:
+            with limit.guard("the cell on fake tensors", first=True):
+                _silently(code, namespace)
+
+        traced = traced_step_memory(traced_run, track=track, device=_device(fakes))
     return MemoryEstimate(
         peak_bytes=traced.peak_bytes,
         breakdown=traced.at_peak,
@@ -224,6 +244,7 @@ def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
             first_step=args.first_step,
             estimate=not args.no_estimate,
             progress=not args.json,
+            step_timeout_s=args.step_timeout,
         )
         return report.to_dict() if args.json else report
     name = args.workload_var or args.workload

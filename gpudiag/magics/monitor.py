@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpudiag._values import arg_float
 from gpudiag.commands.monitor import add_arguments as _add_shared_arguments
 from gpudiag.commands.monitor import start
 from gpudiag.monitoring import Monitor
@@ -13,7 +14,11 @@ from gpudiag.monitoring import Monitor
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_shared_arguments(parser)
     parser.add_argument(
-        "--history", type=float, default=600.0, metavar="S", help="seconds kept in memory (600)"
+        "--history",
+        type=arg_float(),
+        default=600.0,
+        metavar="S",
+        help="seconds kept in memory (600)",
     )
 
 

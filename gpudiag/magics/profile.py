@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpudiag._values import arg_int
 from gpudiag.errors import GpuDiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=5, help="profiled runs of the cell (5)")
     parser.add_argument(
-        "--warmup", type=int, default=1, help="runs profiled but not kept, before them (1)"
+        "--steps", type=arg_int(1, 10_000), default=5, help="profiled runs of the cell (5)"
     )
-    parser.add_argument("--wait", type=int, default=0, help="runs not profiled at all, first (0)")
+    parser.add_argument(
+        "--warmup",
+        type=arg_int(0, 10_000),
+        default=1,
+        help="runs profiled but not kept, before them (1)",
+    )
+    parser.add_argument(
+        "--wait", type=arg_int(0, 10_000), default=0, help="runs not profiled at all, first (0)"
+    )
     parser.add_argument(
         "--trace-dir", default=None, help="where the trace is saved (./gpudiag_traces)"
     )
@@ -30,7 +38,9 @@ def _compile(cell: str, shell: Any) -> Any:
             filename = cache(source)
         except Exception:  # an older IPython without the cache: tracebacks lose the source
             filename = "<gpudiag profile cell>"
-    return compile(source, filename, "exec")
+    from gpudiag.magics.compare import compile_cell
+
+    return compile_cell(source, filename)
 
 
 def run(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:

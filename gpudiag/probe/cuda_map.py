@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpudiag._values import digits
 from gpudiag.probe.cuda import normalize_uuid
 from gpudiag.probe.model import GpuInfo
 
@@ -32,7 +33,7 @@ def parse_visible_devices(value: str | None) -> list[str] | None:
         entry = raw.strip()
         if not entry:
             break
-        if entry.lstrip("-").isdigit():
+        if digits(entry.lstrip("-")):
             if int(entry) < 0:
                 break
             entries.append(str(int(entry)))
@@ -93,7 +94,7 @@ def match_cuda_indices(
     visible: dict[int, int] = {}
     used_uuid = False
     for entry in entries:
-        if entry.isdigit():
+        if digits(entry):
             position = int(entry)
             if position >= len(order):
                 break  # CUDA stops at the first entry that names no device
@@ -110,6 +111,6 @@ def match_cuda_indices(
         if nvml in visible:
             continue  # named twice: one device
         visible[nvml] = len(visible)
-    if used_uuid and all(not e.isdigit() for e in entries):
+    if used_uuid and all(not digits(e) for e in entries):
         method, note = "uuid (CUDA_VISIBLE_DEVICES)", ""
     return CudaMapping(visible, method, note)

@@ -8,6 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
+from gpudiag._values import digits
 from gpudiag.probe import cuda
 from gpudiag.probe.model import HostInfo, TorchInfo
 from gpudiag.probe.readings import Reading, Status, na, ok
@@ -48,6 +49,16 @@ def usable_cpus() -> int:
     return affinity_cpus() or os.cpu_count() or 1
 
 
+def available_memory_bytes() -> int | None:
+    """Host memory available to a new allocation now (psutil's ``available``), None unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except (ImportError, OSError):
+        return None
+
+
 def load_average() -> float | None:
     """The host's 1-minute load average (None where the OS does not report one)."""
     try:
@@ -80,7 +91,7 @@ def parse_cpuinfo(text: str) -> tuple[str | None, tuple[str, ...]]:
 def numa_node_count(sys_root: str | Path = "/sys/devices/system/node") -> Reading[int]:
     root = Path(sys_root)
     try:
-        nodes = [p for p in root.iterdir() if p.name.startswith("node") and p.name[4:].isdigit()]
+        nodes = [p for p in root.iterdir() if p.name.startswith("node") and digits(p.name[4:])]
     except OSError:
         return na(Status.NOT_SUPPORTED, "no NUMA information (/sys/devices/system/node)", "host")
     return ok(max(len(nodes), 1), "host")
@@ -91,7 +102,7 @@ def cpu_max_mhz(
 ) -> Reading[float]:
     """The CPU clock: cpufreq's maximum, else the current clock ``/proc/cpuinfo`` reports."""
     text = _read(Path(sys_root) / "cpu0" / "cpufreq" / "cpuinfo_max_freq")
-    if text and text.strip().isdigit():
+    if text and digits(text.strip()):
         return ok(int(text.strip()) / 1000.0, "cpufreq max")
     for line in (_read(cpuinfo) or "").splitlines():
         key, _, value = line.partition(":")
@@ -112,7 +123,7 @@ def last_level_cache_bytes(sys_root: str | Path = "/sys/devices/system/cpu") -> 
         entries = []
     for entry in entries:
         size = (_read(entry / "size") or "").strip()
-        if size[:-1].isdigit():
+        if digits(size[:-1]):
             scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1].upper(), 1)
             best = max(best, int(size[:-1]) * scale)
     if best:

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag._files import TOPO_XML_BYTES, read_bytes
 from gpudiag.errors import ReplayError
 from gpudiag.probe.topology import format_cpulist
 
@@ -127,6 +128,22 @@ def cpumask_to_cpulist(mask: str) -> str:
     return format_cpulist([bit for bit in range(value.bit_length()) if value >> bit & 1])
 
 
+# A real NCCL topology nests under 10 levels.
+MAX_XML_DEPTH = 64
+
+
+def _deeper_than(root: ET.Element, limit: int) -> bool:
+    """Whether the tree nests more than ``limit`` levels (iterative: no recursion to exhaust
+    before the recursive walk below runs)."""
+    stack = [(root, 1)]
+    while stack:
+        element, depth = stack.pop()
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in element)
+    return False
+
+
 def _same_bus(a: str, b: str) -> bool:
     return a.strip().lower() == b.strip().lower()
 
@@ -201,12 +218,16 @@ def _pci(pci: ET.Element, numa: int | None, out: dict[str, list[object]]) -> Non
 def parse_nccl_topo_xml(path: str | os.PathLike[str]) -> NcclTopology:
     """Summarise an NCCL topology XML file; ``ReplayError`` for graph files and broken XML."""
     p = Path(path)
+    data = read_bytes(p, "NCCL topology", max_bytes=TOPO_XML_BYTES, error=ReplayError)
     try:
-        root = ET.parse(p).getroot()
-    except OSError as exc:
-        raise ReplayError(f"cannot read {p}: {exc.strerror or exc}") from None
+        root = ET.fromstring(data)
     except ET.ParseError as exc:
         raise ReplayError(f"{p.name} is not valid XML: {exc}") from None
+    if _deeper_than(root, MAX_XML_DEPTH):
+        raise ReplayError(
+            f"{p.name} nests elements more than {MAX_XML_DEPTH} deep: not an NCCL topology "
+            "(a real one is under 10 deep)"
+        )
     if root.tag == "graphs":
         raise ReplayError(
             f"{p.name} is an NCCL graph file (NCCL_GRAPH_DUMP_FILE: ring/tree channels), not a "

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from gpudiag._files import RECORDING_BYTES, read_bytes
+from gpudiag._values import load_json
 from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuState, HostInfo, record_from_dict
 from gpudiag.probe.readings import Reading, ok
@@ -55,19 +56,13 @@ class ReplayBackend:
         """Load ``nvidia-smi -q -x`` XML, ``nvidia-smi -q`` or ``nvidia-smi`` text, or a gpudiag
         JSON snapshot (``gpudiag inspect --json``); the format is detected from the content."""
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise ReplayError(f"cannot read recording {p}: {exc.strerror or exc}") from None
+        data = read_bytes(p, "recording", max_bytes=RECORDING_BYTES, error=ReplayError)
         head = data.lstrip()[:1]
         if head == b"<":
             rec = parse_smi_xml(data)
             return cls(rec.driver, rec.infos, rec.states, label=p.name, recorded_at=rec.timestamp)
         if head == b"{":
-            try:
-                snapshot = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise ReplayError(f"{p.name} is not valid JSON: {exc}") from None
+            snapshot = load_json(data, p.name, error=ReplayError)
             return cls.from_snapshot(snapshot, label=p.name)
         kind = looks_like_smi_text(data)
         if kind is not None:

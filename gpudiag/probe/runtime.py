@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpudiag._values import digits
 from gpudiag.probe.host import affinity_cpus
 
 # The NVIDIA driver's module parameters as it runs (Linux). ``RmProfilingAdminOnly: 1`` means
@@ -128,7 +129,7 @@ def profiling_permission(
         out["profiling_unknown"] = f"cannot read {params_path}: {exc.strerror or exc}"
         return out
     value = _params_value(text, PROFILING_PARAM)
-    if value is None or not value.isdigit():
+    if value is None or not digits(value):
         out["profiling_unknown"] = f"{params_path} has no {PROFILING_PARAM} entry"
         return out
     out["profiling_admin_only"] = int(value) != 0

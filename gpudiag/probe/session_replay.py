@@ -28,6 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from gpudiag._files import SESSION_BYTES, read_bytes
 from gpudiag.errors import ArgumentError, ReplayError
 from gpudiag.probe.readings import Status
 
@@ -127,10 +128,7 @@ class SessionRecording:
     @classmethod
     def load(cls, path: str | Path) -> SessionRecording:
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise ReplayError(f"cannot read recording {p}: {exc.strerror or exc}") from None
+        data = read_bytes(p, "monitor recording", max_bytes=SESSION_BYTES, error=ReplayError)
         return cls.from_bytes(data, source=p.name)
 
     @classmethod

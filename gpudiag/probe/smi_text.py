@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpudiag._files import RECORDING_BYTES, read_bytes
+from gpudiag._values import digits
 from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuProcess, GpuState, PcieLink
 from gpudiag.probe.nvml_backend import MIG_UTILIZATION_REASON
@@ -181,7 +183,7 @@ class _Section(QueryReader):
             return na(Status.NOT_AVAILABLE, NOT_IN_OUTPUT, SOURCE_QUERY)
         out = []
         for p in node.find_all("Process ID"):
-            if p.value is not None and p.value.strip().isdigit():
+            if p.value is not None and digits(p.value.strip()):
                 proc = _Section(p)
                 out.append(
                     process(
@@ -235,7 +237,7 @@ _HEADER = re.compile(
     r"Driver Version:\s*(?P<driver>\S+)(?:\s+CUDA Version:\s*(?P<cuda>[^\s|]+))?", re.IGNORECASE
 )
 _ROW1 = re.compile(
-    r"^\|\s*(?P<index>\d+)\s+(?P<name>.+?)\s+(?P<persistence>On|Off)\s*\|"
+    r"^\|\s*(?P<index>[0-9]+)\s+(?P<name>.+?)\s+(?P<persistence>On|Off)\s*\|"
     r"\s*(?P<bus>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f])\s+(?P<disp>\S+)\s*\|"
     r"\s*(?P<ecc>\S+)\s*\|$"
 )
@@ -245,8 +247,8 @@ _ROW2 = re.compile(
 )
 _ROW3 = re.compile(r"^\|[^|]*\|[^|]*\|\s*(?P<mig>\S+)\s*\|$")
 _PROCESS_ROW = re.compile(
-    r"^\|\s*(?P<gpu>\d+)\s+(?P<gi>\S+)\s+(?P<ci>\S+)\s+(?P<pid>\d+)\s+(?P<type>C\+G|C|G)\s+"
-    r"(?P<name>.+?)\s+(?P<mem>\d+MiB|N/A)\s*\|$"
+    r"^\|\s*(?P<gpu>[0-9]+)\s+(?P<gi>\S+)\s+(?P<ci>\S+)\s+(?P<pid>[0-9]+)\s+(?P<type>C\+G|C|G)\s+"
+    r"(?P<name>.+?)\s+(?P<mem>[0-9]+MiB|N/A)\s*\|$"
 )
 
 
@@ -384,8 +386,5 @@ def parse_smi_text(text: str | bytes, *, timestamp: float = 0.0) -> SmiRecording
 
 
 def load_smi_text(path: str | Path) -> SmiRecording:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ReplayError(f"cannot read {path}: {exc.strerror or exc}") from None
+    data = read_bytes(path, "nvidia-smi recording", max_bytes=RECORDING_BYTES, error=ReplayError)
     return parse_smi_text(data)

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudiag._files import RECORDING_BYTES, read_bytes
 from gpudiag.errors import ReplayError
 from gpudiag.probe.model import DriverInfo, GpuInfo, GpuProcess, GpuState
 from gpudiag.probe.nvml_backend import CLOCK_EVENT_REASONS
@@ -135,8 +136,5 @@ def parse_smi_xml(text: str | bytes, *, timestamp: float = 0.0) -> SmiRecording:
 
 
 def load_smi_xml(path: str | Path) -> SmiRecording:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ReplayError(f"cannot read {path}: {exc.strerror or exc}") from None
+    data = read_bytes(path, "nvidia-smi recording", max_bytes=RECORDING_BYTES, error=ReplayError)
     return parse_smi_xml(data)

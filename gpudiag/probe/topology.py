@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._files import TOPOLOGY_BYTES, read_text
+from gpudiag._values import digits
 from gpudiag.errors import ReplayError
 
 if TYPE_CHECKING:
@@ -70,11 +72,11 @@ _AFFINITY_COLUMNS = (
     (re.compile(r"GPU\s+NUMA\s+ID", re.IGNORECASE), "GPU_NUMA_ID"),
 )
 _AFFINITY_NAMES = frozenset(name for _, name in _AFFINITY_COLUMNS)
-_GPU_NAME = re.compile(r"^GPU(\d+)$")
-_NV = re.compile(r"^NV(\d+)$")
+_GPU_NAME = re.compile(r"^GPU([0-9]+)$")
+_NV = re.compile(r"^NV([0-9]+)$")
 _LABEL = re.compile(r"^[A-Z][A-Z0-9]*$")
-_CPULIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
-_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)")
+_CPULIST = re.compile(r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+_NIC_LEGEND = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)")
 _NA = frozenset({"", "N/A", "NA", "-"})
 
 
@@ -470,7 +472,7 @@ def _placement(name: str, extras: tuple[str, ...], values: tuple[str, ...]) -> G
         name=name,
         cpu_affinity="" if cpu in _NA or not _CPULIST.match(cpu) else cpu,
         numa_affinity="" if numa in _NA or not _CPULIST.match(numa) else numa,
-        gpu_numa_id=int(numa_id) if numa_id.isdigit() else None,
+        gpu_numa_id=int(numa_id) if digits(numa_id) else None,
     )
 
 
@@ -568,10 +570,9 @@ def load_topology(*paths: str | os.PathLike[str]) -> Topology:
     p2p: P2PMatrix | None = None
     for path in paths:
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise ReplayError(f"cannot read topology file {p}: {exc.strerror or exc}") from None
+        text = read_text(
+            p, "topology file", max_bytes=TOPOLOGY_BYTES, error=ReplayError, replace=True
+        )
         try:
             table = _read_table(text, SOURCE_TOPO_M)
             if _looks_like_p2p(table):

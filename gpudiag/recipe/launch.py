@@ -23,11 +23,13 @@ from gpudiag.recipe.shell import check_env_name, env_value
 _NPROC_WORDS = ("gpu", "cpu", "auto")
 _NNODES = re.compile(r"[1-9][0-9]{0,4}(:[1-9][0-9]{0,4})?")  # N or MIN:MAX (elastic)
 # host:port, or a variable the shell expands on each node ($MASTER_ADDR:29500).
+# ``$NAME`` or ``${NAME}``: braces in pairs, or bash cannot parse the line ("${MASTER_ADDR:29500").
+_VARIABLE = r"\$(?:[A-Z_][A-Z0-9_]*|\{[A-Z_][A-Z0-9_]*\})"
 _ENDPOINT = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.\-]{0,252})|\[[0-9A-Fa-f:.]+\]|\$\{?[A-Z_][A-Z0-9_]*\}?)"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.\-]{0,252})|\[[0-9A-Fa-f:.]+\]|" + _VARIABLE + r")"
     r":[0-9]{1,5}"
 )
-_RDZV_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}|\$\{?[A-Z_][A-Z0-9_]*\}?")
+_RDZV_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}|" + _VARIABLE)
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _SLURM_PARTITION = re.compile(r"[A-Za-z0-9_.\-]{1,64}(,[A-Za-z0-9_.\-]{1,64})*")
 _SLURM_TIME = re.compile(r"([0-9]{1,4}-)?[0-9]{1,4}(:[0-9]{1,2}){0,2}")

@@ -20,9 +20,11 @@ from pydantic import (
     model_validator,
 )
 
+from gpudiag._files import read_bytes
 from gpudiag._report import card, esc, html_grid, html_table
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, Observation, apply_fixes, check_conflicts
+from gpudiag.fixes.environment import nccl_refusal
 from gpudiag.recipe.shell import check_env_name, env_value
 
 if TYPE_CHECKING:
@@ -255,16 +257,8 @@ class Recipe(BaseModel):
         """Read a recipe (``.json``, else YAML with the safe loader); errors say what to fix."""
         p = Path(path)
         fmt = "JSON" if p.suffix.lower() == ".json" else "YAML"
-        try:
-            with p.open("rb") as fh:
-                raw = fh.read(MAX_BYTES + 1)
-        except OSError as exc:
-            raise RecipeError(f"cannot read recipe {p}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_BYTES:
-            raise RecipeError(
-                f"{p} is larger than {MAX_BYTES // 2**20} MiB: not a recipe (a recipe is a few "
-                "fixes and their evidence)"
-            )
+        # Bounded, folders and devices refused (a recipe is a few fixes and their evidence).
+        raw = read_bytes(p, "recipe", max_bytes=MAX_BYTES, error=RecipeError)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -304,18 +298,43 @@ class Recipe(BaseModel):
     def fix_objects(self) -> list[Fix]:
         return list(self.fixes)
 
-    def env_vars(self) -> dict[str, str]:
+    def refused_env(self, allow: Iterable[str] = ()) -> dict[str, str]:
+        """NCCL variables of this recipe that are refused on export (plugins, files, anything
+        that is not a tuning variable: gpudiag.fixes.environment.nccl_refusal), with why;
+        those named in ``allow`` are not."""
+        allowed = set(allow)
+        out: dict[str, str] = {}
+        for fix in self.fix_objects():
+            for name in fix.env():
+                why = nccl_refusal(name) if name.startswith("NCCL_") else ""
+                if why and name not in allowed:
+                    out[name] = why
+        return out
+
+    def env_vars(self, allow: Iterable[str] = ()) -> dict[str, str]:
         """The environment the recipe's environment fixes set; every name is checked against
-        ``[A-Z_][A-Z0-9_]*`` (RecipeError otherwise), whatever fix produced it."""
+        ``[A-Z_][A-Z0-9_]*`` (RecipeError otherwise), whatever fix produced it. An NCCL
+        variable that loads code or names a file, or is not a tuning variable, is a RecipeError
+        unless ``allow`` names it: a recipe is data, and exporting it must not load a library
+        or overwrite a file."""
         out: dict[str, str] = {}
         for fix in self.fix_objects():
             out.update({check_env_name(k): v for k, v in fix.env().items()})
+        refused = self.refused_env(allow)
+        if refused:
+            name, why = next(iter(refused.items()))
+            names = ", ".join(refused)
+            raise RecipeError(
+                f"the recipe sets {names}; refused: {why}. A recipe is data that is exported "
+                "without a second look; if you wrote or checked it, allow the variable by name: "
+                f"allow=[{name!r}] in Python, --allow {name} on the command line"
+            )
         return out
 
-    def to_env(self) -> str:
+    def to_env(self, allow: Iterable[str] = ()) -> str:
         """``export NAME=value`` lines for the environment fixes (empty when there are none);
-        values are shell-quoted."""
-        return "".join(f"export {k}={env_value(v)}\n" for k, v in self.env_vars().items())
+        values are shell-quoted; ``allow``: see ``env_vars``."""
+        return "".join(f"export {k}={env_value(v)}\n" for k, v in self.env_vars(allow).items())
 
     def torchrun_command(
         self,
@@ -326,18 +345,19 @@ class Recipe(BaseModel):
         rdzv_endpoint: str | None = None,
         rdzv_id: str | None = None,
         args: Sequence[str] = (),
+        allow: Iterable[str] = (),
     ) -> str:
         """A launch line with the recipe's environment: ``NAME=value torchrun ... script``.
 
         One node: ``torchrun --standalone``. Several (``nnodes=2`` or elastic ``"1:4"``): a c10d
         rendezvous at ``rdzv_endpoint`` (default ``$MASTER_ADDR:29500``, expanded by the shell
         on each node); run the line on every node. Values are checked or shell-quoted; a value
-        that cannot be made safe is a RecipeError.
+        that cannot be made safe is a RecipeError; ``allow``: see ``env_vars``.
         """
         from gpudiag.recipe.launch import torchrun_command
 
         return torchrun_command(
-            self.env_vars(),
+            self.env_vars(allow),
             script,
             nproc_per_node=nproc_per_node,
             nnodes=nnodes,
@@ -358,16 +378,18 @@ class Recipe(BaseModel):
         time: str | None = None,
         port: int = 29500,
         args: Sequence[str] = (),
+        allow: Iterable[str] = (),
     ) -> str:
         """A SLURM batch script (``sbatch job.sh``): ``nodes`` nodes, one task per node running
         ``torchrun`` with ``gpus_per_node`` ranks, the first node as rendezvous host, the
-        recipe's environment exported. Values are checked or shell-quoted."""
+        recipe's environment exported. Values are checked or shell-quoted; ``allow``: see
+        ``env_vars``."""
         from gpudiag.recipe.launch import slurm_script
 
         summary = [f"gpudiag recipe{f' for {self.workload}' if self.workload else ''}"]
         summary += [f"  {f.label}" for f in self.fixes]
         return slurm_script(
-            self.env_vars(),
+            self.env_vars(allow),
             script,
             nodes=nodes,
             gpus_per_node=gpus_per_node,
@@ -380,7 +402,7 @@ class Recipe(BaseModel):
             comment="\n".join(summary),
         )
 
-    def to_python(self, path: str = "recipe.yaml") -> str:
+    def to_python(self, path: str = "recipe.yaml", allow: Iterable[str] = ()) -> str:
         """A snippet applying this recipe in a training script, and its plain-PyTorch equivalent.
 
         Text from the recipe (workload, hardware, evidence, labels) only ever lands in comments,
@@ -391,7 +413,7 @@ class Recipe(BaseModel):
         for f in self.fixes:
             evidence = f" - {f.evidence.summary()}" if f.evidence else ""
             lines.append(f"#   {_one_line(f.label + evidence)}")
-        env = self.to_env()
+        env = self.to_env(allow)
         if env:
             lines.append("# Environment fixes must be set before the process starts:")
             lines += [f"#   {line}" for line in env.splitlines()]
@@ -425,8 +447,12 @@ class Recipe(BaseModel):
 
             system = current_system()
         out = []
+        refused = self.refused_env()
         for fix in self.fix_objects():
-            if fix.kind is FixKind.ENVIRONMENT:
+            why_not = [f"{name} refused: {refused[name]}" for name in fix.env() if name in refused]
+            if why_not:
+                out.append((fix, False, "; ".join(why_not)))
+            elif fix.kind is FixKind.ENVIRONMENT:
                 ok, reason = fix.supported(system, device_type)
                 out.append(
                     (
@@ -461,8 +487,13 @@ class Recipe(BaseModel):
         applied = apply_fixes(
             live, model, optimizer, system=system, device_type=device_type, skip_unsupported=True
         )
+        refused = self.refused_env()
         for fix in fixes:
             if fix.kind is FixKind.ENVIRONMENT:
+                if any(name in refused for name in fix.env()):
+                    why = "; ".join(f"{n} refused: {refused[n]}" for n in fix.env() if n in refused)
+                    applied.skipped.append((fix, why))
+                    continue
                 # Its proof reads the variables back in this process.
                 proof = fix.proof(Observation(step=applied.target, environ=dict(os.environ)))
                 if proof.not_applied:

@@ -12,7 +12,48 @@ from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
 CATEGORY = "code"
 
 
-def _first(pattern: re.Pattern[str], code: str) -> tuple[int, str] | None:
+# Patterns are plain searches (no ``.*`` between two parts): a pattern like
+# ``softmax\s*\(.*(@|matmul).*transpose`` backtracks cubically on a long line, and a 280 KB
+# generated line made `gpudiag doctor --code` run for hours. Parts that must come in order on a
+# line are searched one after the other instead (``_InOrder``), which takes linear time.
+
+
+class _InOrder:
+    """Each pattern found on the line after the previous one's match (``a.*b.*c``, linearly)."""
+
+    def __init__(self, *patterns: str) -> None:
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def search(self, line: str) -> bool:
+        pos = 0
+        for pattern in self.patterns:
+            match = pattern.search(line, pos)
+            if match is None:
+                return False
+            pos = match.end()
+        return True
+
+
+class _CallWith:
+    """A call whose arguments (up to its first ``)``) hold ``arg``; linear over the line."""
+
+    def __init__(self, call: str, arg: str) -> None:
+        self.call, self.arg = re.compile(call), re.compile(arg)
+
+    def search(self, line: str) -> bool:
+        pos = 0
+        while (match := self.call.search(line, pos)) is not None:
+            close = line.find(")", match.end())
+            end = len(line) if close < 0 else close
+            if self.arg.search(line, match.end(), end):
+                return True
+            if close < 0:
+                return False
+            pos = close + 1  # calls before this ")" share its arguments: already looked at
+        return False
+
+
+def _first(pattern: re.Pattern[str] | _InOrder | _CallWith, code: str) -> tuple[int, str] | None:
     """Line number (1-based) and stripped text of the first line matching ``pattern``."""
     for number, line in enumerate(code.splitlines(), start=1):
         stripped = line.strip()
@@ -46,9 +87,10 @@ _TF32 = re.compile(
 _FP8 = re.compile(
     r"float8_e4m3|float8_e5m2|fp8_autocast|\bte\.autocast\s*\(|\bFp8\w*\(|torch\._scaled_mm"
 )
-_SOFTMAX_QK = re.compile(r"softmax\s*\(.*(@|matmul|bmm|einsum).*(transpose|\.mT\b|\.T\b|->)")
-_QK = re.compile(
-    r"(@|matmul|bmm).*(transpose\(\s*-2\s*,\s*-1\s*\)|transpose\(\s*-1\s*,\s*-2\s*\)|\.mT\b)"
+_SOFTMAX_QK = _InOrder(r"softmax\s*\(", r"@|matmul|bmm|einsum", r"transpose|\.mT\b|\.T\b|->")
+_QK = _InOrder(
+    r"@|matmul|bmm",
+    r"transpose\(\s*-2\s*,\s*-1\s*\)|transpose\(\s*-1\s*,\s*-2\s*\)|\.mT\b",
 )
 _SOFTMAX = re.compile(r"softmax\s*\(")
 _NEAR = 6  # lines between Q.K^T and its softmax in a hand-written attention
@@ -69,7 +111,7 @@ def _manual_attention_line(code: str) -> tuple[int, str] | None:
 
 
 _DATAPARALLEL = re.compile(r"\bnn\.DataParallel\s*\(|\bDataParallel\s*\(")
-_GLOO = re.compile(r"init_process_group\s*\([^)]*['\"]gloo['\"]")
+_GLOO = _CallWith(r"init_process_group\s*\(", r"['\"]gloo['\"]")
 
 
 @rule("code.gradscaler_bf16", category=CATEGORY, needs=("code",))
@@ -228,7 +270,7 @@ def data_parallel(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
 
 
-_NUM_WORKERS = re.compile(r"num_workers\s*=\s*(\d+)")
+_NUM_WORKERS = re.compile(r"num_workers\s*=\s*([0-9]{1,6})\b")
 
 
 @rule("code.dataloader_workers", category=CATEGORY, needs=("code", "system"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from gpudiag._values import digits
 from gpudiag.rules._facts import memory_used_fraction
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, Severity
@@ -251,7 +252,7 @@ def nccl_variables(evidence: EvidenceBundle) -> Iterator[Finding]:
             extra=nic_evidence,
         )
     channels = env.get("NCCL_MAX_NCHANNELS") or env.get("NCCL_MAX_NRINGS")
-    if channels is not None and channels.strip().isdigit() and int(channels) <= 2 and gpus != 1:
+    if channels is not None and digits(channels.strip()) and int(channels) <= 2 and gpus != 1:
         name = "NCCL_MAX_NCHANNELS" if "NCCL_MAX_NCHANNELS" in env else "NCCL_MAX_NRINGS"
         yield _nccl_finding(
             name,

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gpudiag._values import digits
 from gpudiag.rules._facts import gpu_label, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
 from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Severity
@@ -285,7 +286,7 @@ def _usable_cores(evidence: EvidenceBundle, runtime: Mapping[str, Any]) -> int |
     if physical:
         cores = min(int(cores), int(physical))
     local_ranks = (evidence.env or {}).get("LOCAL_WORLD_SIZE", "1")
-    ranks = int(local_ranks) if local_ranks.isdigit() and int(local_ranks) > 0 else 1
+    ranks = int(local_ranks) if digits(local_ranks) and 0 < int(local_ranks) < 1 << 20 else 1
     return max(1, int(cores) // ranks)
 
 

@@ -40,10 +40,10 @@ def parse_compute_capability(cc: object) -> ComputeCapability:
         text = cc.strip().lower()
         text = re.sub(r"^(sm|compute)_?", "", text)
         text = re.sub(r"[af]$", "", text)  # sm_90a, sm_100f: arch-specific suffixes
-        match = re.fullmatch(r"(\d+)\.(\d)", text)
+        match = re.fullmatch(r"([0-9]+)\.([0-9])", text)
         if match:
             return (int(match.group(1)), int(match.group(2)))
-        if re.fullmatch(r"\d{2,3}", text):
+        if re.fullmatch(r"[0-9]{2,3}", text):
             return (int(text[:-1]), int(text[-1]))
     raise SpecsError(
         f"cannot read {cc!r} as a compute capability: give it as (8, 0), '8.0' or 'sm_80'."

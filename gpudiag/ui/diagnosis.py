@@ -137,7 +137,7 @@ class DiagnosisView(TextFallback, widgets.VBox):
         elif outcome.retracts:
             mark = "tried, did not help"
         else:
-            mark = "tried, no answer yet" if outcome.verdict == "undecided" else "tried, failed"
+            mark = "tried, undecided" if outcome.verdict == "undecided" else "tried, failed"
         banner = (
             f"<div class='gpudiag-trial' style='border-left:3px solid {colour};padding-left:6px;"
             f"margin-top:2px'><b style='color:{colour}'>{esc(mark)}</b>: "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 from torch import nn
 
@@ -32,3 +35,17 @@ def make(width: int = 8, seed: int = 0, device: str = "cpu") -> Workload:
 
 def not_a_workload() -> int:
     return 3
+
+
+def rank1_crashes(width: int = 8, seed: int = 0, device: str = "cpu") -> Workload:
+    """Rank 1's own workload fails to build; rank 0's does not (it then waits for rank 1)."""
+    if os.environ.get("RANK") == "1":
+        raise ValueError("boom from rank 1's own workload")
+    return make(width, seed, device)
+
+
+def rank1_hangs(width: int = 8, seed: int = 0, device: str = "cpu") -> Workload:
+    """Rank 1 never finishes building its workload."""
+    if os.environ.get("RANK") == "1":
+        time.sleep(600)
+    return make(width, seed, device)

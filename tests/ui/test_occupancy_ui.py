@@ -111,7 +111,7 @@ def test_magic_percent_carveout_reaches_the_widget(ip: Any, explorers: list[Any]
         ("occupancy --cc 8.0 --threads 0", "threads_per_block must be at least 1"),
         ("occupancy --cc 6.1", "no SM limits for compute capability 6.1"),
         ("occupancy --gpu 'Graphics Device'", "not in the spec table"),
-        ("occupancy --regs many", "invalid int value"),
+        ("occupancy --regs many", "written in ASCII digits"),
     ],
 )
 def test_magic_reports_bad_input_without_raising(
