@@ -34,9 +34,22 @@ cores), gpudiag at c3f98e8:
 The 5 GB trace before, in a busy moment (load average 11-13, so wall time is 3.4x the CPU
 time): 454.8 s wall, 134.3 s CPU, 2916 MB (gpudiag at 4b85fba in the same run: 152.0 s,
 44.2 s CPU, 1336 MB). Both reports agree on every figure the table checks (events, compute
-and idle time). The 1.56 GB targets (8 s, 400 MB) are missed by about 1 s and 50 MB; memory
-grows with the events kept (about 100 bytes each at the peak, 45 in the columns), not with
-the file's bytes (290 bytes an event here).
+and idle time). Memory grows with the events kept (about 72 bytes each at the peak, the
+interpreter included, 38 in the columns), not with the file's bytes (290 bytes an event here).
+
+Later, ``--copies 50 --repeat 2 --before`` da89219 (where this round began), on a busy
+machine (load average 7-9.5 on 2 cores, so wall time is 2-3x the CPU time), gpudiag at
+3fdb97f:
+
+    trace                     GB       tool   wall s   CPU s  peak RSS MB
+    control-x50.json        1.56     before     18.7     9.0          455
+    control-x50.json        1.56    gpudiag     21.4     9.1          391
+    control-x50.json        1.56     before     29.7     9.9          457
+    control-x50.json        1.56    gpudiag     28.5     9.6          392
+
+The 400 MB target is met (narrower id columns, intermediates freed earlier). The 8 s target
+is not: the CPU time alone is about 9 s, of which decoding the JSON into msgspec structs and
+moving their fields into columns is about two thirds (cProfile).
 """
 
 from __future__ import annotations

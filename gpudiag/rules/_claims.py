@@ -64,9 +64,10 @@ class Claim:
         return tuple(items)
 
 
-def ledger_of(trace: TraceReport) -> Ledger | None:
-    """The trace's ledger (every rank pooled), None when it has no GPU time to account for."""
-    ledger = trace.ledger()
+def ledger_of(trace: TraceReport, rank: int | None = None) -> Ledger | None:
+    """The trace's ledger (every rank pooled, or ``rank``'s), None when it has no GPU time to
+    account for."""
+    ledger = trace.ledger(rank)
     return ledger if ledger.window_us > 0 else None
 
 
@@ -76,16 +77,21 @@ def claim(
     removable: float,
     source: str,
     claimed_us: float | None = None,
+    rank: int | None = None,
 ) -> Claim | None:
     """A claim on ``rows`` of the trace's ledger (a row ending in "." takes every row it
-    prefixes); ``claimed_us`` (default: all of it) is capped at their time. None without a
-    ledger."""
-    ledger = ledger_of(trace)
+    prefixes); ``claimed_us`` (default: all of it) is capped at their time. Every rank's
+    ledger pooled, or ``rank``'s alone (a cost one rank shows for the whole job). None without
+    a ledger."""
+    ledger = ledger_of(trace, rank)
     if ledger is None:
         return None
     row_us = ledger.us(*rows)
     claimed = row_us if claimed_us is None else max(0.0, min(claimed_us, row_us))
     n = len(trace.ranks)
+    scope = f" ({n} ranks summed)" if n > 1 else ""
+    if rank is not None and n > 1:
+        scope = f" (rank {rank})"
     return Claim(
         rows=tuple(r.rstrip(".") for r in rows),
         row_us=row_us,
@@ -93,5 +99,5 @@ def claim(
         removable=removable,
         source=source,
         window_us=ledger.window_us,
-        scope=f" ({n} ranks summed)" if n > 1 else "",
+        scope=scope,
     )

@@ -18,7 +18,7 @@ from gpudiag.analysis.trace.collectives import (
     STRAGGLER_HOLD_SHARE,
     TOGETHER_SHARE,
 )
-from gpudiag.analysis.trace.ledger import COMM_EXPOSED
+from gpudiag.analysis.trace.ledger import COMM_EXPOSED, COMM_OVERLAPPED, PEER_IDLE
 from gpudiag.analysis.trace.ranks import CommOverlap
 from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import trace_source
@@ -272,6 +272,25 @@ def _why_late(trace: TraceReport, named: Sequence[int]) -> tuple[str, Evidence |
     return f"; {'it runs' if one else 'they run up to'} {more}", item
 
 
+_LATE_ROWS = (COMM_EXPOSED, COMM_OVERLAPPED, PEER_IDLE)
+_LATE_SOURCE = (
+    "the waiting itself: ranks that start on time leave the others nothing to wait for in "
+    "these calls (an upper bound: work taken off a late rank may land on another)"
+)
+
+
+def _waits(calls: Sequence[CollectiveStats]) -> dict[int, float]:
+    """Each rank's time waiting in ``calls`` for their last rank to start, summed over the
+    calls where it is not late itself."""
+    out: dict[int, float] = {}
+    for call in calls:
+        late = set(call.late_ranks)
+        for r in call.starts_us:
+            if r not in late:
+                out[r] = out.get(r, 0.0) + call.wait_us(r)
+    return out
+
+
 @rule("comm.late_rank", category=CATEGORY, needs=("trace",))
 def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
     """The ranks the others wait for inside the collectives: those that start calls last
@@ -328,11 +347,26 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
     why, work_item = _why_late(trace, named)
     if work_item is not None:
         items.append(work_item)
+    # On the ledger a rank's waiting is time in its collective kernels (a communication row)
+    # or, where its host waits, the peer-wait row. The ranks step together, so the time a
+    # waiting rank loses is the step time of the job: the claim is on the ledger of the
+    # median waiting rank (as the share is of the median rank's time), for its waits in the
+    # calls held.
+    gain = min(share, 1.0)
+    waits = _waits(held_calls)
+    found = None
+    if waits:
+        ranked = sorted(waits, key=lambda r: (waits[r], r))
+        median_rank = ranked[(len(ranked) - 1) // 2]
+        found = claim(trace, _LATE_ROWS, 1.0, _LATE_SOURCE, waits[median_rank], rank=median_rank)
+    if found is not None:
+        gain = found.gain
+        items += found.evidence(src)
     items += [Evidence("note", note, source=src) for note in report.notes[:2]]
     counts = ", ".join(str(w.late_calls) for w in sorted(late, key=lambda w: w.rank))
     yield Finding(
         "comm.late_rank",
-        severity_for_gain(min(share, 1.0)),
+        severity_for_gain(gain),
         CATEGORY,
         f"the other ranks wait inside the collectives for {_ranks_text(named)}: the calls they "
         f"start late hold the others {held / 1000:.1f} ms ({share:.0%} of the median rank's "
@@ -344,7 +378,8 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         f"start, or within {TOGETHER_SHARE:.0%} of the call's skew of the last) in calls that "
         f"hold the others >= {STRAGGLER_HOLD_SHARE:.0%} of all the holding (hold: last start "
         f"minus the median start of the ranks not late), >= {LATE_LOW:.0%} of the median rank's "
-        "profiled time; severity by that share, its estimated gain (high from 10 %)",
+        "profiled time; severity by its estimated gain, the other ranks' waiting in those "
+        "calls on the time ledger (high from 10 %)",
         instruction=f"look at what {_ranks_text(named)} "
         + (
             "does before its collectives (its trace's CPU operators and DataLoader waits, its "
@@ -356,5 +391,6 @@ def late_rank(evidence: EvidenceBundle) -> Iterator[Finding]:
         + ", CPU pinning and clocks with gpudiag inspect); even out the work per rank (data "
         "sharding, uneven embedding tables); `gd.analyze_trace(folder).collectives()` lists "
         "every call",
-        estimated_gain=min(share, 1.0),
+        estimated_gain=gain,
+        claims=_LATE_ROWS if found is not None else (),
     )

@@ -169,7 +169,7 @@ def below_roof(evidence: EvidenceBundle) -> Iterator[Finding]:
         return
     from gpudiag.analysis.roofline import roofline
 
-    roof = roofline(trace.device_properties[0].name)
+    roof = roofline(trace.device_properties[0].roofline_system())
     if roof.compute_ceiling() is None or roof.memory_ceiling() is None:
         return  # a GPU the spec table does not know: no roof to set the calls against
     hot = [

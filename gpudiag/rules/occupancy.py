@@ -10,9 +10,11 @@ from gpudiag.analysis.trace.kernel_classes import (
     GEMM,
     classify_kernel,
 )
+from gpudiag.analysis.trace.ledger import MEMORY_BOUND_WORK, OTHER_KERNELS
+from gpudiag.rules._claims import claim
 from gpudiag.rules._facts import trace_device, trace_source
 from gpudiag.rules.engine import EvidenceBundle, rule
-from gpudiag.rules.finding import Evidence, Finding, Severity
+from gpudiag.rules.finding import Evidence, Finding, Severity, severity_for_gain
 
 CATEGORY = "occupancy"
 
@@ -24,6 +26,16 @@ LOW_OCCUPANCY = 0.25
 # (``kernel_classes.is_library_kernel``), and matrix products, attention and communication
 # are left out even among the user's (Triton matmuls keep few warps on purpose, like cuBLAS).
 _NOT_ADVISED_WORK = frozenset({GEMM, ATTENTION, COMMUNICATION})
+# The ledger rows such a kernel's time lies on (its matrix products, attention and
+# communication are left out above), and what more warps in flight can remove of it.
+_ROWS = (MEMORY_BOUND_WORK, OTHER_KERNELS)
+_REMOVABLE = 0.25
+_SOURCE = (
+    "an estimate, unverified: more resident warps hide memory latency, they do not remove "
+    "work; a quarter of the kernel's time is taken as what they win (the CUDA Best Practices "
+    "Guide: higher occupancy does not always mean higher performance; Nsight Compute measures "
+    "it)"
+)
 
 
 def _is_triton(name: str, launched_by: str | None) -> bool:
@@ -84,15 +96,26 @@ def low_occupancy(evidence: EvidenceBundle) -> Iterator[Finding]:
                     f"launch with {size} threads per block ({best.occupancy:.0%} occupancy "
                     f"on {name}), or " + advice
                 )
+        found = claim(trace, _ROWS, _REMOVABLE, _SOURCE, k.total_us)
+        if found is not None:
+            items += found.evidence(src)
         yield Finding(
             "occupancy.low",
-            Severity.MEDIUM if k.share >= 0.10 else Severity.LOW,
+            severity_for_gain(found.gain)
+            if found is not None
+            else Severity.MEDIUM
+            if k.share >= 0.10
+            else Severity.LOW,
             CATEGORY,
             f"hot kernel {k.short_name} runs at {occ:.0%} theoretical occupancy "
             f"(limited by {limits})",
             tuple(items),
-            threshold=f"kernel >= {HOT_SHARE:.0%} of kernel time, occupancy < {LOW_OCCUPANCY:.0%}",
+            threshold=f"kernel >= {HOT_SHARE:.0%} of kernel time, occupancy < {LOW_OCCUPANCY:.0%}; "
+            "severity by its estimated gain, its time on the time ledger x the share more warps "
+            "can remove",
             instruction=advice
             + "; low occupancy mainly hurts memory-bound kernels (element-wise, reductions), "
             "which need many warps in flight to hide memory latency: check with Nsight Compute",
+            estimated_gain=found.gain if found is not None else None,
+            claims=_ROWS if found is not None else (),
         )

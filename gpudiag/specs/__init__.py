@@ -1,4 +1,5 @@
-"""What NVIDIA GPUs can do on paper: the spec table and per-compute-capability SM limits.
+"""What NVIDIA GPUs (and AMD Instinct accelerators) can do on paper: the spec table and
+per-compute-capability SM limits (NVIDIA only).
 
 Data lives in ``gpus.json`` and ``compute_capabilities.json`` next to this module (each row
 names its source), loaded on first use. Stdlib only, so every layer may import it.
@@ -26,6 +27,7 @@ from gpudiag.specs._gpus import (
     all_gpus,
     bandwidth_from_clock,
     derive_gpu_spec,
+    lookup_device,
     lookup_gpu,
 )
 
@@ -46,6 +48,7 @@ __all__ = [
     "features",
     "has_feature",
     "known_compute_capabilities",
+    "lookup_device",
     "lookup_gpu",
     "parse_compute_capability",
 ]

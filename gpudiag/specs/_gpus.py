@@ -1,4 +1,5 @@
-"""The GPU spec table: peak TFLOP/s per dtype, memory, interconnect, and name matching."""
+"""The GPU spec table: peak TFLOP/s per dtype, memory, interconnect, and name matching
+(NVIDIA by NVML name; AMD Instinct by the name and size a trace records)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import functools
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
@@ -47,6 +48,9 @@ class GpuSpec:
     # CPU<->GPU bandwidth per direction when the host link is NVLink-C2C, not PCIe (GH200).
     c2c_bandwidth_gbps: float | None = None
     derived: bool = False  # True when built from live readings, not from the table
+    # "amd": an AMD Instinct row (gpus.json's "amd" note): sm_count is compute units and
+    # compute_capability is HIP's gcnArch major.minor, not a CUDA compute capability.
+    vendor: str = "nvidia"
 
     def peak_tflops_for(self, dtype: str) -> float | None:
         """The dense peak for ``dtype`` (TFLOP/s; TOPS for int8), None when there is none."""
@@ -142,6 +146,7 @@ def _spec(row: Mapping[str, Any]) -> GpuSpec:
         notes=row.get("notes", ""),
         aliases=tuple(row.get("aliases", ())),
         c2c_bandwidth_gbps=None if c2c is None else float(c2c),
+        vendor=str(row.get("vendor", "nvidia")),
     )
 
 
@@ -153,6 +158,8 @@ def _load() -> tuple[tuple[GpuSpec, ...], dict[str, GpuSpec]]:
     specs = tuple(_spec(_resolve(row, by_key)) for row in rows)
     index: dict[str, GpuSpec] = {}
     for spec in specs:
+        if spec.vendor != "nvidia":
+            continue
         for alias in (spec.name, spec.key, *spec.aliases):
             token = _normalize(alias)
             other = index.get(token)
@@ -163,8 +170,19 @@ def _load() -> tuple[tuple[GpuSpec, ...], dict[str, GpuSpec]]:
 
 
 def all_gpus() -> tuple[GpuSpec, ...]:
-    """Every row of the spec table, in file order (oldest architecture first)."""
+    """Every row of the spec table, in file order (NVIDIA's oldest architecture first, then
+    AMD's)."""
     return _load()[0]
+
+
+@functools.cache
+def _amd_index() -> dict[str, GpuSpec]:
+    index: dict[str, GpuSpec] = {}
+    for spec in all_gpus():
+        if spec.vendor == "amd":
+            for alias in (spec.name, spec.key, *spec.aliases):
+                index[_normalize(alias)] = spec
+    return index
 
 
 # --- name matching -----------------------------------------------------------------------
@@ -226,6 +244,65 @@ def lookup_gpu(name: str) -> GpuSpec | None:
     if parent is not None:
         return next((s for s in all_gpus() if s.key == parent), None)
     return None
+
+
+# ROCm names some Instinct GCDs generically (the MI250 trace in the fixtures: "AMD Radeon
+# Graphics", 104 CUs, 64 GB): such a device is told by its compute units and memory.
+_GENERIC_AMD_NAMES = frozenset({"", "amd radeon graphics"})
+
+
+def lookup_device(
+    name: str, *, sm_count: int | None = None, memory_bytes: int | None = None
+) -> GpuSpec | None:
+    """The spec row for a device as a trace's ``deviceProperties`` or torch name it, NVIDIA
+    or AMD Instinct; None when unknown.
+
+    NVIDIA names go through :func:`lookup_gpu`; AMD Instinct names through the AMD rows. A
+    device with ROCm's generic name is matched by its compute units (``sm_count``) and memory
+    (within 5 % of the nominal size): when several rows match, they must agree on every
+    figure a roofline reads (peaks, bandwidth, memory), and the row returned names them all
+    (an MI210 and one GCD of an MI250 are the same silicon at the same clocks); otherwise None.
+    """
+    spec = lookup_gpu(name)
+    if spec is not None or not isinstance(name, str):
+        return spec
+    spec = _amd_index().get(_normalize(name))
+    if spec is not None:
+        return spec
+    if name.strip().lower() not in _GENERIC_AMD_NAMES or not sm_count or not memory_bytes:
+        return None
+    found = [
+        s
+        for s in all_gpus()
+        if s.vendor == "amd"
+        and s.sm_count == sm_count
+        and abs(memory_bytes - s.memory_bytes) <= 0.05 * s.memory_bytes
+    ]
+    if not found:
+        return None
+    first = found[0]
+    if len(found) == 1:
+        return first
+    same = all(
+        s.memory_bandwidth_gbps == first.memory_bandwidth_gbps
+        and s.memory_bytes == first.memory_bytes
+        and s.peak_tflops.keys() == first.peak_tflops.keys()
+        and all(abs(v - first.peak_tflops[k]) <= 0.005 * v for k, v in s.peak_tflops.items())
+        for s in found
+    )
+    if not same:
+        return None
+    names = " or ".join(s.name.removeprefix("AMD Instinct ") for s in found)
+    return replace(
+        first,
+        key="|".join(s.key for s in found),
+        name=f"AMD Instinct {names}",
+        source="; ".join(s.source for s in found),
+        notes=f"ROCm named this device {name!r}: its {sm_count} compute units and memory match "
+        f"{names}, whose figures agree (within 0.5 %, the rounding of the published figures); "
+        f"those of {first.name} are used.",
+        aliases=(),
+    )
 
 
 # --- figures from live readings ----------------------------------------------------------

@@ -190,3 +190,32 @@ def test_json_and_html() -> None:
     assert "ridge at" in repr(r)
     na_peak = MatmulResult("cpu", (), peaks={"fp32": na(Status.NOT_SUPPORTED, "none")})
     assert roofline(measured=[na_peak]).ceilings == ()
+
+
+@pytest.mark.parametrize(
+    ("trace", "device", "bf16_tflops", "gbps"),
+    [
+        # ROCm's generic name for a GCD of 104 CUs and 64 GB: an MI210 or one MI250 GCD.
+        (
+            "hta-amd_trace-mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+            "AMD Instinct MI210 or MI250 (one GCD)",
+            181.0,
+            1638.4,
+        ),
+        ("tracelens-mi300-resnet_act_checkpoint.json.gz", "AMD Instinct MI300X", 1307.4, 5300),
+        ("tracelens-mi300-Qwen_Qwen1.5-0.5B-Chat.json.gz", "AMD Instinct MI300X", 1307.4, 5300),
+    ],
+)
+def test_the_amd_traces_roofs_come_from_the_spec_table(
+    fixtures_dir: Path, trace: str, device: str, bf16_tflops: float, gbps: float
+) -> None:
+    import gpudiag as gd
+
+    report = gd.analyze_trace(fixtures_dir / "traces" / trace, progress=False)
+    roof = report.roofline(dtype="bf16")
+    compute, memory = roof.compute_ceiling(), roof.memory_ceiling()
+    assert compute is not None
+    assert memory is not None
+    assert roof.device == device
+    assert compute.value == pytest.approx(bf16_tflops)
+    assert memory.value == pytest.approx(gbps)  # GB/s

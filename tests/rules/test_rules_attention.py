@@ -84,7 +84,13 @@ def test_the_same_unaligned_products_outside_attention_get_alignment_advice(
 
 
 def test_eager_attention_profiled_on_the_cpu(tmp_path: Path) -> None:
-    trace = _profile(EagerAttention(), tmp_path)
+    # 512 tokens, so that attention (its seq x seq work) is most of the step. At 128 tokens the
+    # linear layers' GEMMs are a like share, and on a busy 2-core machine one of them, split
+    # across two threads, waits at its barrier for a descheduled thread: it took 100 ms of a
+    # 175 ms step while attention's own took 3 ms, and attention fell under the rule's 5 %
+    # (attention's share over 10 profiles on a load of 9: 3.5 % to 78 % at 128 tokens, 46 % to
+    # 91 % at 512).
+    trace = _profile(EagerAttention(), tmp_path, seq=512)
     diagnosis = run_rules(EvidenceBundle(trace=trace, env={}))
     eager = next(f for f in diagnosis.findings if f.id == "attention.eager")
     assert eager.fix is not None

@@ -11,7 +11,14 @@ import pytest
 from gpudiag.analysis.trace import TraceReport, analyze_trace
 from gpudiag.analysis.trace.breakdown import TimeBreakdown
 from gpudiag.analysis.trace.launches import LaunchStats
-from gpudiag.analysis.trace.ledger import DATALOADER_IDLE, LAUNCH_IDLE, SYNC_IDLE, LedgerRow
+from gpudiag.analysis.trace.ledger import (
+    DATALOADER_IDLE,
+    LAUNCH_IDLE,
+    MEMORY_BOUND_WORK,
+    OTHER_KERNELS,
+    SYNC_IDLE,
+    LedgerRow,
+)
 from gpudiag.analysis.trace.syncs import SyncEvent
 from gpudiag.fixes import Fix
 from gpudiag.rules.engine import EvidenceBundle, run_rules
@@ -244,10 +251,12 @@ def test_low_utilization(fixtures_dir: Path) -> None:
 
 def test_low_occupancy_custom_kernel_gets_block_size(fixtures_dir: Path) -> None:
     trace = _trace(fixtures_dir, RESNET_W4)
+    kernel = trace.ranks[0].kernels[3]  # an ATen elementwise kernel, 7 % of kernel time
     hot = dataclasses.replace(
-        trace.ranks[0].kernels[3],  # an ATen elementwise kernel, 7 % of kernel time
+        kernel,
         name="my_fused_kernel(float*, int)",
         share=0.2,
+        total_us=kernel.total_us / kernel.share * 0.2,
         block=(64, 1, 1),
         registers_per_thread=32,
         shared_memory_bytes=40 * 1024,
@@ -257,6 +266,13 @@ def test_low_occupancy_custom_kernel_gets_block_size(fixtures_dir: Path) -> None
     )
     diagnosis = run_rules(EvidenceBundle(trace=_edit(trace, kernels=(hot,)), env={}))
     occ = next(f for f in diagnosis.findings if f.id == "occupancy.low")
+    # A claim on the ledger: the kernel's time (on the memory-bound row, where its time lies)
+    # x the quarter more warps are taken to win, over the window; severity by that gain.
+    ledger = trace.ledger()
+    rows = ledger.us(MEMORY_BOUND_WORK, OTHER_KERNELS)
+    assert occ.claims == (MEMORY_BOUND_WORK, OTHER_KERNELS)
+    assert occ.estimated_gain == pytest.approx(min(hot.total_us, rows) * 0.25 / ledger.window_us)
+    assert 0.03 <= occ.estimated_gain < 0.10
     assert occ.severity is Severity.MEDIUM
     assert "limited by shared_memory" in occ.message
     assert "launch with 1024 threads per block (100% occupancy" in occ.instruction

@@ -244,13 +244,20 @@ def test_rows_are_complete_and_use_known_dtypes() -> None:
         assert row.memory_bus_width_bits > 0
         assert row.memory_bandwidth_gbps > 0
         assert row.source.strip(), row.key
-        assert row.architecture == specs.architecture_name(row.compute_capability), row.key
+        if row.vendor == "nvidia":
+            assert row.architecture == specs.architecture_name(row.compute_capability), row.key
+        else:  # CDNA2 is gfx90a (HIP reports 9.0), CDNA3 gfx942 (9.4)
+            assert row.vendor == "amd", row.key
+            gfx = {"CDNA2": (9, 0), "CDNA3": (9, 4)}
+            assert gfx[row.architecture] == row.compute_capability, row.key
         assert row.pcie_gen in {3, 4, 5, 6}, row.key
         assert row.nvlink_bandwidth_gbps is None or row.nvlink_bandwidth_gbps > 0
 
 
 def test_tensor_dtypes_follow_the_compute_capability() -> None:
     for row in specs.all_gpus():
+        if row.vendor != "nvidia":
+            continue  # an AMD row's "compute capability" is HIP's gcnArch, not CUDA's
         feats = specs.features(row.compute_capability)
         for dtype in ("tf32", "bf16", "fp8"):
             if dtype in row.peak_tflops:
@@ -478,3 +485,55 @@ def test_features_by_compute_capability() -> None:
     assert not feats.supports("fp8")
     with pytest.raises(SpecsError, match="unknown dtype"):
         feats.supports("fp12")
+
+
+def test_amd_rows_match_the_devices_the_amd_traces_record(fixtures_dir: Path) -> None:
+    # The recorded MI250 trace names its GCD generically; the MI300X traces by product (one a
+    # cloud VM's SR-IOV function, "VF").
+    amd = [d for d in _trace_devices(fixtures_dir) if not re.match(r"NVIDIA|Tesla", d["name"])]
+    assert {d["name"] for d in amd} >= {
+        "AMD Radeon Graphics",
+        "AMD Instinct MI300X",
+        "AMD Instinct MI300X VF",
+    }
+    for props in amd:
+        spec = specs.lookup_device(
+            str(props["name"]),
+            sm_count=props["numSms"],
+            memory_bytes=int(str(props["totalGlobalMem"])),
+        )
+        assert spec is not None, props["name"]
+        assert spec.vendor == "amd"
+        assert spec.compute_capability == (props["computeMajor"], props["computeMinor"])
+        assert spec.sm_count == props["numSms"]
+        assert 0.95 * spec.memory_bytes <= int(str(props["totalGlobalMem"])) <= spec.memory_bytes
+        assert specs.lookup_gpu(str(props["name"])) is None  # NVML names only
+
+
+def test_an_amd_device_by_name_or_by_its_size() -> None:
+    mi300x = specs.lookup_device("AMD Instinct MI300X VF")
+    assert mi300x is not None
+    assert mi300x.key == "mi300x"
+    assert mi300x.peak_tflops_for("bf16") == pytest.approx(1307.4)
+    assert mi300x.memory_bandwidth_gbps == 5300
+    # One GCD of an MI250X: half the module's published 383.0 TFLOP/s and 3.2768 TB/s.
+    gcd = specs.lookup_device("AMD Instinct MI250X")
+    assert gcd is not None
+    assert gcd.peak_tflops_for("bf16") == pytest.approx(383.0 / 2)
+    assert gcd.memory_bandwidth_gbps == pytest.approx(3276.8 / 2)
+    assert gcd.peak_tflops_for("fp8") is None  # CDNA2 has no fp8
+    # A generic name: told by compute units and memory. 104 CUs and 64 GB are an MI210 or one
+    # MI250 GCD, whose figures agree: the row says both.
+    generic = specs.lookup_device("AMD Radeon Graphics", sm_count=104, memory_bytes=64 << 30)
+    assert generic is not None
+    assert generic.name == "AMD Instinct MI210 or MI250 (one GCD)"
+    assert generic.peak_tflops_for("bf16") == pytest.approx(181.0)
+    assert specs.lookup_device("AMD Radeon Graphics", sm_count=110, memory_bytes=64 << 30)
+    # An APU or a card the table lacks: no neighbour's figures.
+    assert specs.lookup_device("AMD Radeon Graphics", sm_count=12, memory_bytes=8 << 30) is None
+    assert specs.lookup_device("AMD Radeon Graphics") is None
+    assert specs.lookup_device("AMD Instinct MI100") is None
+    # NVIDIA names go through lookup_gpu.
+    a100 = specs.lookup_device("NVIDIA A100-SXM4-80GB")
+    assert a100 is not None
+    assert a100.vendor == "nvidia"

@@ -44,6 +44,7 @@ from gpudiag.analysis.trace.model import (
     Events,
     Kind,
     RankTrace,
+    dense_codes,
 )
 from gpudiag.analysis.trace.nesting import Nesting, nest
 from gpudiag.analysis.trace.ranks import check_one_job, stragglers, summarize
@@ -81,11 +82,18 @@ def _launch_rows(events: Events, rows: I64) -> I64:
 
 
 def _per_key(keys: np.ndarray, value_of: Callable[[int], object]) -> np.ndarray:
-    """``value_of(key)`` for each of ``keys`` (an object array), called once per distinct key."""
-    uniq, inv = np.unique(keys, return_inverse=True)
+    """``value_of(key)`` for each of ``keys`` (non-negative ints), called once per distinct
+    key."""
+    if keys.size and keys.max() < _DENSE_KEYS:
+        uniq, inv = dense_codes(keys)  # a table lookup, no sort
+    else:
+        uniq, inv = np.unique(keys, return_inverse=True)
     values = np.empty(uniq.size, dtype=object)
     values[:] = [value_of(k) for k in uniq.tolist()]
     return values[inv.reshape(-1)]
+
+
+_DENSE_KEYS = 1 << 22  # keys below it are counted in a table (at most 32 MB)
 
 
 def _categories(events: Events, rows: I64) -> np.ndarray:
@@ -96,22 +104,40 @@ def _categories(events: Events, rows: I64) -> np.ndarray:
 
 def _op_dtypes(events: Events, op_rows: I64) -> np.ndarray:
     """The dtype each launching operator's recorded Input type says (None: not recorded)."""
+    out = np.full(op_rows.size, None, dtype=object)
     inputs = events.inputs
     if not inputs or op_rows.size == 0:
-        return np.full(op_rows.size, None, dtype=object)
-
-    def dtype(o: int) -> str | None:
-        types = inputs[o].types if o in inputs else None
-        return dtype_of(types) if types else None
-
-    return _per_key(op_rows, dtype)
+        return out
+    # The operators with recorded inputs, sorted, and each one's dtype: one dtype_of call per
+    # distinct record (the loader shares one record among the calls that spell it alike).
+    keys = np.fromiter(inputs, np.int64, len(inputs))
+    order = np.argsort(keys)
+    keys = keys[order]
+    by_record: dict[int, str | None] = {}
+    dtypes = np.empty(keys.size, dtype=object)
+    records = list(inputs.values())
+    for j, i in enumerate(order.tolist()):
+        record = records[i]
+        dtype = by_record.get(id(record), by_record)
+        if dtype is by_record:
+            dtype = by_record[id(record)] = dtype_of(record.types) if record.types else None
+        dtypes[j] = dtype
+    pos = np.clip(np.searchsorted(keys, op_rows), 0, keys.size - 1)
+    hit = keys[pos] == op_rows
+    out[hit] = dtypes[pos[hit]]
+    return out
 
 
 def _op_names(events: Events, op_rows: I64) -> np.ndarray:
     """The name of each launching operator (None where it is not known)."""
     if op_rows.size == 0:
         return np.empty(0, dtype=object)
-    return _per_key(op_rows, lambda o: events.names[events.name[o]] if o >= 0 else None)
+    names = np.empty(len(events.names) + 1, dtype=object)
+    names[:-1] = events.names  # the last: None, for rows without an operator
+    known = op_rows >= 0
+    ids = np.full(op_rows.size, len(events.names), dtype=np.int64)
+    ids[known] = events.name[op_rows[known]]
+    return names[ids]
 
 
 def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False) -> RankReport:
@@ -126,7 +152,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     sync_ids = np.array(
         [i for i, n in enumerate(ev.names) if n in SYNC_RUNTIME_NAMES], dtype=np.int32
     )
-    sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, sync_ids))
+    sync_calls = np.flatnonzero((ev.kind == Kind.RUNTIME) & ev.name_in(sync_ids))
     nesting = nest(ev, np.concatenate((all_launch[all_launch >= 0], sync_calls)))
     # The analyses run in an order that frees each big intermediate as soon as the last one
     # reading it is done (a multi-GB trace's rank holds millions of rows): the results do not
@@ -142,15 +168,43 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
     step_list = step_reports(ev, steps, g_all, n_steps_in_window)
     busy = merge(g_all.starts, g_all.ends) if g_all is not None else None
     del g_all
+    collectives, collective_notes = rank_collectives(
+        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
+    )
+    blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
+    syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
+    del busy, blocking_copies
+    warm = spans(ev, warmup_rows(ev))
+    if warm[0].size:
+        syncs = tuple(
+            dataclasses.replace(s, during_warmup=True)
+            if inside(warm, s.start_us, s.start_us + s.duration_us)
+            else s
+            for s in syncs
+        )
 
     in_win = window.gpu[all_gpu]
     win_rows = all_gpu[in_win]
     win_launch = all_launch[in_win]
-    g_win = gpu_rows(ev, win_rows, all_cats[in_win], all_launch_ts[in_win])
-    del all_launch_ts
+    win_cats = all_cats[in_win]
+    any_launch = bool((all_launch >= 0).any())
+    g_win = gpu_rows(ev, win_rows, win_cats, all_launch_ts[in_win])
+    del all_launch_ts, all_gpu, all_launch, all_cats, in_win
 
     breakdown = temporal(g_win) if win_rows.size else None
-    cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, all_cats[in_win])
+    launches = (
+        launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
+        if breakdown is not None
+        else None
+    )
+    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
+    overlap = comm_compute_overlap(g_win) if win_rows.size else None
+    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
+    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
+    del g_win
+
+    cols: KernelColumns = launch_columns(ev, win_rows, trace.devices, win_cats)
+    del win_cats
     op_rows = np.where(win_launch >= 0, nesting.parent_op[np.clip(win_launch, 0, None)], -1)
     op_names = _op_names(ev, op_rows)
     op_dtypes = _op_dtypes(ev, op_rows)
@@ -169,21 +223,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         attention_rows=attention.matmul_rows,
     )
     del cols, op_rows
-    launches = (
-        launch_stats(ev, win_rows, win_launch, breakdown, host_wait_gaps(g_win))
-        if breakdown is not None
-        else None
-    )
-    blocking_copies = pageable_copy_calls(ev, all_gpu, all_launch)
-    syncs = find_syncs(ev, nesting, steps, window.host, busy, blocking_copies)
-    warm = spans(ev, warmup_rows(ev))
-    if warm[0].size:
-        syncs = tuple(
-            dataclasses.replace(s, during_warmup=True)
-            if inside(warm, s.start_us, s.start_us + s.duration_us)
-            else s
-            for s in syncs
-        )
     ledger = build_ledger(
         LedgerInput(
             events=ev,
@@ -197,12 +236,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             rank=rank,
         )
     )
-    del nesting, busy, op_dtypes
-    busy_by_category_set = overlap_by_category_set(g_win) if win_rows.size else {}
-    overlap = comm_compute_overlap(g_win) if win_rows.size else None
-    idle_by_stream = stream_idle(g_win) if win_rows.size else ()
-    idle_in_waits = _idle_in_waits(g_win, syncs) if win_rows.size else None
-    del g_win
+    del nesting, op_dtypes
 
     missing = kernels_not_recorded(trace)
     if missing is not None:
@@ -220,7 +254,7 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
             "comparisons are not available (they need the GPU's SM count and compute "
             "capability)."
         )
-    if has_gpu and not (all_launch >= 0).any():
+    if has_gpu and not any_launch:
         notes.append(
             "no GPU event can be tied to the CUDA runtime call that launched it (no "
             "cuda_runtime events or correlation ids): host-wait idle time, launch delays and "
@@ -248,9 +282,6 @@ def analyze_rank(trace: RankTrace, rank: int, *, include_last_step: bool = False
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(trace.unknown_event_types.items()))
         notes.append(f"events of types gpudiag does not analyse were skipped: {listed}.")
 
-    collectives, collective_notes = rank_collectives(
-        ev, all_gpu, all_launch, all_cats, trace.world_size or 1
-    )
     return RankReport(
         rank=rank,
         path=trace.path,
@@ -295,7 +326,7 @@ def kernels_not_recorded(trace: RankTrace) -> str | None:
     if (ev.kind == Kind.KERNEL).any():
         return None
     ids = np.array([i for i, n in enumerate(ev.names) if n in LAUNCH_RUNTIME_NAMES], dtype=np.int32)
-    launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & np.isin(ev.name, ids)))
+    launches = int(np.count_nonzero((ev.kind == Kind.RUNTIME) & ev.name_in(ids)))
     if launches < MISSING_KERNELS_MIN_LAUNCHES:
         return None
     gpus = f"{len(trace.devices)} GPUs listed in deviceProperties, " if trace.devices else ""

@@ -268,11 +268,9 @@ def attention_use(
             r for r in rows.tolist() if parent[r] < 0 or int(events.name[parent[r]]) not in same
         ]
 
-    softmax = outermost(np.flatnonzero(is_op & np.isin(events.name, softmax_ids)), set(softmax_ids))
-    fused = outermost(np.flatnonzero(is_op & np.isin(events.name, fused_ids)), set(fused_ids))
-    backward = outermost(
-        np.flatnonzero(is_op & np.isin(events.name, backward_ids)), set(backward_ids)
-    )
+    softmax = outermost(np.flatnonzero(is_op & events.name_in(softmax_ids)), set(softmax_ids))
+    fused = outermost(np.flatnonzero(is_op & events.name_in(fused_ids)), set(fused_ids))
+    backward = outermost(np.flatnonzero(is_op & events.name_in(backward_ids)), set(backward_ids))
 
     groups = _siblings(
         events, nesting, host, {(int(events.thread[r]), int(parent[r])) for r in softmax}

@@ -192,10 +192,7 @@ def rank_collectives(
         for i, n in enumerate(names)
         if ":" in n[:6] and (m := COMM_ANNOTATION.fullmatch(n)) is not None
     }
-    ann = np.flatnonzero(
-        (events.kind == Kind.ANNOTATION)
-        & np.isin(events.name, np.fromiter(comm_names, np.int32, len(comm_names)))
-    )
+    ann = np.flatnonzero((events.kind == Kind.ANNOTATION) & events.name_in(comm_names))
     comm = np.flatnonzero(categories == COMMUNICATION)
     kern_rows, kern_launch = gpu_rows[comm], launch_rows[comm]
     # Tie each communication kernel to the range whose time holds its launch, on one thread.

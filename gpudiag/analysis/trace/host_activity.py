@@ -9,6 +9,7 @@ distinct names.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from gpudiag.analysis.trace.model import (
     I32,
     I64,
     LAUNCH_RUNTIME_NAMES,
+    Bool,
     Events,
     Kind,
 )
@@ -69,12 +71,44 @@ def host_rows(events: Events, pattern: re.Pattern[str]) -> I64:
     ids = name_ids(events, pattern)
     if ids.size == 0:
         return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero(np.isin(events.kind, _HOST_KINDS) & np.isin(events.name, ids))
+    return np.flatnonzero(events.kind_in(_HOST_KINDS) & events.name_in(ids))
+
+
+# Rows taken at a time where a union or an overlap runs over millions of host events: the
+# temporaries stay a few MB (a multi-GB trace's host rows would take 200 MB at once).
+CHUNK_ROWS = 1 << 18
+
+
+def row_chunks(mask: Bool) -> Iterator[I64]:
+    """The rows ``mask`` selects, in order, a bounded slice of the events at a time."""
+    for lo in range(0, mask.size, CHUNK_ROWS):
+        rows = np.flatnonzero(mask[lo : lo + CHUNK_ROWS])
+        if rows.size:
+            yield rows + lo
 
 
 def spans(events: Events, rows: I64) -> tuple[F64, F64]:
     """The union of the rows' time ranges."""
-    return merge(events.ts[rows], events.ts[rows] + events.dur[rows])
+    if rows.size <= CHUNK_ROWS:
+        return merge(events.ts[rows], events.ts[rows] + events.dur[rows])
+    return _merged(events, (rows[lo : lo + CHUNK_ROWS] for lo in range(0, rows.size, CHUNK_ROWS)))
+
+
+def spans_where(events: Events, mask: Bool) -> tuple[F64, F64]:
+    """The union of the time ranges of the rows ``mask`` selects."""
+    return _merged(events, row_chunks(mask))
+
+
+def _merged(events: Events, chunks: Iterable[I64]) -> tuple[F64, F64]:
+    """The union of the rows' ranges, merged a chunk at a time, then the chunks' unions: the
+    union does not depend on the grouping, and each merged interval starts at its earliest
+    start and ends at its latest end, so the result is the same arrays as one merge."""
+    parts = [merge(events.ts[r], events.ts[r] + events.dur[r]) for r in chunks]
+    if not parts:
+        return np.zeros(0), np.zeros(0)
+    if len(parts) == 1:
+        return parts[0]
+    return merge(np.concatenate([s for s, _ in parts]), np.concatenate([e for _, e in parts]))
 
 
 def inside(spans_: tuple[F64, F64], start: float, end: float) -> bool:
@@ -96,7 +130,7 @@ def _first_launches_loading(events: Events) -> I64:
     ids = np.array([i for i, n in enumerate(events.names) if n in _KERNEL_LAUNCHES], dtype=np.int32)
     slow = np.flatnonzero(
         (events.kind == Kind.RUNTIME)
-        & np.isin(events.name, ids)
+        & events.name_in(ids)
         & (events.dur >= LAZY_LOAD_US)
         & (events.correlation >= 0)
     )

@@ -270,9 +270,15 @@ def _occupancy(
     # Blocks resident per SM: the grid spread over the SMs, capped by what fits on one SM.
     resident = np.minimum(bps, c_active[inv])
     achieved[idx] = np.minimum(resident * c_warps_per_block[inv] / c_max_warps[inv], 1.0)
-    for i, c in zip(idx.tolist(), inv.tolist(), strict=True):
-        limited[i] = c_limit[c]
-    return theo, achieved, sm_eff, per_sm, limited
+    # Each row's limits by its configuration's, as references: a Python int per row (two
+    # lists of the rows' numbers) would take tens of MB on a multi-GB trace.
+    by_config = np.empty(len(configs), dtype=object)
+    for c, limit in enumerate(c_limit):
+        by_config[c] = limit
+    per_row = np.empty(n, dtype=object)
+    per_row.fill(())
+    per_row[idx] = by_config[inv]
+    return theo, achieved, sm_eff, per_sm, per_row.tolist()
 
 
 def _theoretical(occupancy: Any, cc: tuple[int, int], threads: int, regs: int, smem: int) -> Any:

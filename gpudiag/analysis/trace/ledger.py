@@ -36,7 +36,9 @@ from gpudiag.analysis.trace.host_activity import (
     DATALOADER,
     PEER_WAIT,
     host_rows,
+    row_chunks,
     spans,
+    spans_where,
     warmup_rows,
 )
 from gpudiag.analysis.trace.intervals import (
@@ -56,7 +58,7 @@ from gpudiag.analysis.trace.kernel_classes import (
 )
 from gpudiag.analysis.trace.kernel_names import readable_kernel_name
 from gpudiag.analysis.trace.launches import LAUNCH_GAP_US
-from gpudiag.analysis.trace.model import F64, I64, Events, Kind
+from gpudiag.analysis.trace.model import F64, I64, Bool, Events, Kind
 
 if TYPE_CHECKING:
     from gpudiag.analysis.trace.nesting import Nesting
@@ -442,13 +444,16 @@ def _idle(
     host_kinds = np.array(
         [Kind.CPU_OP, Kind.ANNOTATION, Kind.RUNTIME, Kind.PYTHON, Kind.STEP, Kind.OTHER], np.int8
     )
-    is_host = np.isin(ev.kind, host_kinds)
+    is_host = ev.kind_in(host_kinds)
     # The threads that launched the window's GPU work (and those that ran its steps): a
     # background thread's events (a pin-memory thread, a watchdog) say nothing of the launcher.
     threads = np.unique(
         np.concatenate((ev.thread[launch_rows[launch_rows >= 0]], ev.thread[ev.kind == Kind.STEP]))
     )
-    on_threads = is_host & np.isin(ev.thread, threads) if threads.size else is_host
+    # A mask, not row numbers: the host rows of a multi-GB trace are millions, read a chunk
+    # at a time below.
+    on_threads = is_host & ev.thread_in(threads) if threads.size else is_host
+    del is_host
 
     warm = warmup_rows(ev)
     loader = host_rows(ev, DATALOADER)
@@ -456,7 +461,6 @@ def _idle(
     sync_s = np.array([s.start_us for s in inp.syncs])
     sync_e = np.array([s.start_us + s.duration_us for s in inp.syncs])
     gaps_q, gaps_short, n_gaps = _gap_sets(idle, starts, launch_ts)
-    cpu = np.flatnonzero(on_threads)
     sets: dict[str, Intervals] = {
         WARMUP_IDLE: spans(ev, warm),
         DATALOADER_IDLE: spans(ev, loader),
@@ -464,7 +468,7 @@ def _idle(
         QUEUED_IDLE: gaps_q,
         PEER_IDLE: spans(ev, peer),
         LAUNCH_IDLE: gaps_short,
-        CPU_IDLE: spans(ev, cpu),
+        CPU_IDLE: spans_where(ev, on_threads),
     }
     recorded = frozenset(b for b, (s, _) in sets.items() if s.size)
     if total <= 0:
@@ -488,7 +492,7 @@ def _idle(
         elif bucket == SYNC_IDLE:
             behind = _sync_names(inp.syncs, got)
         elif bucket == CPU_IDLE:
-            behind = _innermost_ops(ev, inp.nesting, cpu, got)
+            behind = _innermost_ops(ev, inp.nesting, on_threads, got)
             if not behind:
                 detail = "the host was in its step or in Python frames, outside recorded operators"
         elif bucket in (QUEUED_IDLE, LAUNCH_IDLE):
@@ -560,16 +564,24 @@ def _sync_label(sync: SyncEvent) -> str:
 
 
 def _innermost_ops(
-    ev: Events, nesting: Nesting, rows: I64, got: Intervals
+    ev: Events, nesting: Nesting, host: Bool, got: Intervals
 ) -> tuple[tuple[str, float], ...]:
-    """Operators and runtime calls by the idle time spent in them and not in a recorded child
-    operator (their self share of the row)."""
-    ops = rows[np.isin(ev.kind[rows], np.array([Kind.CPU_OP, Kind.RUNTIME], np.int8))]
-    if ops.size == 0:
+    """Operators and runtime calls (of the ``host`` rows) by the idle time spent in them and
+    not in a recorded child operator (their self share of the row)."""
+    op_kinds = np.array([Kind.CPU_OP, Kind.RUNTIME], np.int8)
+    found_ops: list[I64] = []
+    found_parts: list[F64] = []
+    # A chunk of rows at a time: each row's overlap is its own, and few overlap the row's idle
+    # time, so only those are kept.
+    for rows in row_chunks(host):
+        ops = rows[np.isin(ev.kind[rows], op_kinds)]
+        part = overlap_with(got, ev.ts[ops], ev.ts[ops] + ev.dur[ops])
+        keep = part > 0
+        found_ops.append(ops[keep])
+        found_parts.append(part[keep])
+    if not found_ops:
         return ()
-    part = overlap_with(got, ev.ts[ops], ev.ts[ops] + ev.dur[ops])
-    keep = part > 0
-    ops, part = ops[keep], part[keep]
+    ops, part = np.concatenate(found_ops), np.concatenate(found_parts)
     if ops.size == 0:
         return ()
     own = part.copy()

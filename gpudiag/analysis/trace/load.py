@@ -49,6 +49,7 @@ from gpudiag.analysis.trace.model import (
     LaunchTable,
     OpInputs,
     RankTrace,
+    member_of,
 )
 from gpudiag.analysis.trace.schema import (
     DIM_ARGS,
@@ -472,25 +473,38 @@ _DUR = attrgetter("dur")
 _ARGS = attrgetter("args")
 
 
+# Integer widths a column may take, narrowest first, with the range each holds.
+_WIDTHS: tuple[tuple[str, Any, int, int], ...] = (
+    ("h", np.int16, -(1 << 15), (1 << 15) - 1),
+    ("i", np.int32, I32_MIN, I32_MAX),
+    ("q", np.int64, I64_MIN, I64_MAX),
+)
+_DTYPE_OF = {"d": np.float64, "h": np.int16, "i": np.int32, "q": np.int64}
+
+
 class _Column:
-    """A growing column of numbers. Integers are kept as int32 while every value fits (ids,
-    streams and row numbers of real traces do: 4 bytes a row saved on each) and become int64
-    at the first value that does not; floats are float64."""
+    """A growing column of numbers. Integers are kept as narrow as every value allows (int16
+    for stream and device ids, int32 for correlation ids and row numbers of real traces: on
+    a multi-GB trace each byte is millions) and widen at the first value that does not fit;
+    floats are float64."""
 
     def __init__(self, is_float: bool = False) -> None:
-        self.values = array("d" if is_float else "i")
+        self.values = array("d" if is_float else "h")
 
     def extend(self, values: np.ndarray) -> None:
-        narrow = self.values.typecode == "i" and values.size
-        if narrow and (values.min() < I32_MIN or values.max() > I32_MAX):
-            wide = array("q")
-            _append(wide, np.frombuffer(self.values, np.int32).astype(np.int64))
-            self.values = wide
-        dtype = {"d": np.float64, "i": np.int32, "q": np.int64}[self.values.typecode]
+        code = self.values.typecode
+        if code != "d" and code != "q" and values.size:
+            lo, hi = int(values.min()), int(values.max())
+            wide = next(w for w in _WIDTHS if w[2] <= lo and hi <= w[3])
+            if _WIDTHS.index(wide) > [w[0] for w in _WIDTHS].index(code):
+                widened = array(wide[0])
+                _append(widened, np.frombuffer(self.values, _DTYPE_OF[code]).astype(wide[1]))
+                self.values = widened
+        dtype = _DTYPE_OF[self.values.typecode]
         _append(self.values, values.astype(dtype, copy=False))
 
     def freeze(self) -> np.ndarray:
-        dtype = {"d": np.float64, "i": np.int32, "q": np.int64}[self.values.typecode]
+        dtype = _DTYPE_OF[self.values.typecode]
         return np.frombuffer(self.values, dtype) if len(self.values) else np.zeros(0, dtype)
 
 
@@ -499,14 +513,18 @@ class _Columns:
 
     def __init__(self) -> None:
         self.kind = array("b")
-        self.name = array("i")
-        self.thread = array("i")
+        # Name and thread ids: int16 while the trace has under 32768 of each (real ones have
+        # hundreds of names and a few threads): 4 bytes a row saved on the two.
+        self.name = _Column()
+        self.thread = _Column()
         self.ts = array("d")
         self.dur = array("d")
         self.row = {f.name: _Column(f.is_float) for f in ROW_FIELDS}
         self.launch = {f.name: array("d" if f.is_float else "q") for f in LAUNCH_FIELDS}
-        self.flags = bytearray()  # name id -> _KEEP_* bits
-        self.names = _Ids(lambda name: self.flags.append(_name_flags(name)))
+        flags = self.flags = bytearray()  # name id -> _KEEP_* bits
+        # Not a method of self: a cycle would keep every column of the load alive after
+        # ``freeze`` until the garbage collector happened to run.
+        self.names = _Ids(lambda name: flags.append(_name_flags(name)))
         self.threads = _Ids()
         self.kind_of: dict[str, int] = {c: int(k) for c, k in KIND_OF_CATEGORY.items()}
         self.kind_of.update(dict.fromkeys(IGNORED_CATEGORIES, _DROPPED))
@@ -559,10 +577,10 @@ class _Columns:
         first_row = len(self.ts)
         _append(self.kind, kind_col)
         names = np.fromiter(map(self.names.__getitem__, map(_NAME, complete)), np.int32, n)
-        _append(self.name, names)
+        self.name.extend(names)
         pid_tid = zip(map(_PID, complete), map(_TID, complete), strict=True)
         threads = map(self.threads.__getitem__, pid_tid)
-        _append(self.thread, np.fromiter(threads, np.int32, n))
+        self.thread.extend(np.fromiter(threads, np.int32, n))
         _append(self.ts, ts)
         self._add_durations(complete)
         args = list(map(_ARGS, complete))
@@ -702,31 +720,30 @@ class _Columns:
             block=tuple(self.block),
             columns=launch_columns,
         )
-        kind = np_of(self.kind, np.int8).copy()
+        kind = np_of(self.kind, np.int8)  # writable: this object is dropped after freezing
         step_ids = [i for n, i in self.names.items() if n.startswith(STEP_PREFIX)]
-        name_col = np_of(self.name, np.int32)
+        name_col = self.name.freeze()
         if step_ids:
             # ProfilerStep#N is a user_annotation in new traces, an "Operator" in old ones.
-            host = np.isin(kind, np.array([Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER], np.int8))
-            kind[host & np.isin(name_col, np.array(step_ids, np.int32))] = Kind.STEP
+            host = member_of(kind.view(np.uint8), (Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER), 256)
+            kind[host & member_of(name_col, step_ids, len(self.names))] = Kind.STEP
         columns = {f.name: self.row[f.name].freeze() for f in ROW_FIELDS}
         return Events(
             kind=kind,
             name=name_col,
-            thread=np_of(self.thread, np.int32),
+            thread=self.thread.freeze(),
             ts=np_of(self.ts, np.float64),
             dur=np_of(self.dur, np.float64),
             correlation=columns["correlation"],
-            external_id=columns["external_id"],
             stream=columns["stream"],
             device=columns["device"],
             extra=self.extra.freeze(),
             names=tuple(self.names),
             threads=tuple((str(p), str(t)) for p, t in self.threads),
             launches=launches,
-            stacks=dict(self.stacks),
-            inputs=dict(self.inputs),
-            comm_args=dict(self.comm_args),
+            stacks=self.stacks,
+            inputs=self.inputs,
+            comm_args=self.comm_args,
             columns=columns,
         )
 
@@ -761,7 +778,7 @@ def _append(column: array[Any], values: np.ndarray) -> None:
 
 
 def _isin(values: np.ndarray, kinds: Iterable[Kind]) -> np.ndarray:
-    return np.isin(values, np.array([int(k) for k in kinds], np.int8))
+    return member_of(values.view(np.uint8), kinds, 256)
 
 
 def _product(dims: tuple[int, ...] | None) -> int:

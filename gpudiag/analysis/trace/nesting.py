@@ -34,7 +34,6 @@ def nest(events: Events, runtime_rows: I64 | None = None) -> Nesting:
     n = len(events)
     index = np.int32 if n < (1 << 31) else np.int64
     parent = np.full(n, -1, dtype=index)
-    self_us = np.full(n, np.nan)
     wanted = events.kind == Kind.CPU_OP
     if runtime_rows is None:
         wanted |= events.kind == Kind.RUNTIME
@@ -43,7 +42,7 @@ def nest(events: Events, runtime_rows: I64 | None = None) -> Nesting:
     rows = np.flatnonzero(wanted).astype(index)
     del wanted
     if rows.size == 0:
-        return Nesting(parent, self_us)
+        return Nesting(parent, np.full(n, np.nan))
     # At equal start times: operators before runtime calls, then file order (Kineto writes a
     # parent before its children; longest-first would misplace zero-length calls).
     order = np.lexsort(
@@ -79,6 +78,8 @@ def nest(events: Events, runtime_rows: I64 | None = None) -> Nesting:
     del has_parent
     np.subtract.at(own, pointer[child_ops], own[child_ops])
     del child_ops, pointer
+    # Allocated last, once the sort's temporaries are gone: a float per event of the trace.
+    self_us = np.full(n, np.nan)
     self_us[rows[is_op]] = np.maximum(own[is_op], 0.0)
     return Nesting(parent, self_us)
 

@@ -392,7 +392,7 @@ class TraceReport:
                 else:
                     ops.append(op)
         if system is None and self.device_properties:
-            system = self.device_properties[0].name
+            system = self.device_properties[0].roofline_system()
         result = roofline(system, ops=ops, **kw)
         if untimed:
             note = (

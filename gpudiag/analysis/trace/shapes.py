@@ -254,7 +254,7 @@ def shaped_ops(
     costed_ids = np.array([i for i, n in enumerate(events.names) if costed_name(n)], np.int32)
     if costed_ids.size == 0:
         return ()
-    is_costed = (events.kind == Kind.CPU_OP) & np.isin(events.name, costed_ids)
+    is_costed = (events.kind == Kind.CPU_OP) & events.name_in(costed_ids)
     rows = np.flatnonzero(is_costed & host)
     if rows.size == 0:
         return ()

@@ -46,9 +46,7 @@ def _dataloader_intervals(events: Events) -> tuple[np.ndarray, np.ndarray] | Non
     if not ids:
         return None
     host_kinds = np.array([Kind.CPU_OP, Kind.ANNOTATION, Kind.OTHER], np.int8)
-    rows = np.flatnonzero(
-        np.isin(events.name, np.array(ids, np.int32)) & np.isin(events.kind, host_kinds)
-    )
+    rows = np.flatnonzero(events.name_in(ids) & events.kind_in(host_kinds))
     if rows.size == 0:
         return None
     return merge(events.ts[rows], events.ts[rows] + events.dur[rows])

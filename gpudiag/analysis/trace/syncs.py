@@ -147,7 +147,7 @@ class _OptimizerSteps:
         if not names:
             return
         ids = np.fromiter(names, dtype=np.int64, count=len(names))
-        rows = np.flatnonzero((events.kind == Kind.ANNOTATION) & np.isin(events.name, ids))
+        rows = np.flatnonzero((events.kind == Kind.ANNOTATION) & events.name_in(ids))
         for t in np.unique(events.thread[rows]).tolist():
             r = rows[events.thread[rows] == t]
             r = r[np.argsort(events.ts[r], kind="stable")]
@@ -235,8 +235,8 @@ def find_syncs(
     )
     if sync_name_ids.size == 0 and not copies:
         return ()
-    kinds_ok = np.isin(events.kind, np.array([Kind.RUNTIME, Kind.CPU_OP], np.int8))
-    wanted = np.isin(events.name, sync_name_ids)
+    kinds_ok = events.kind_in((Kind.RUNTIME, Kind.CPU_OP))
+    wanted = events.name_in(sync_name_ids)
     if copies:
         wanted[np.fromiter(copies, dtype=np.int64, count=len(copies))] = True
     rows = np.flatnonzero(host_mask & kinds_ok & wanted)

@@ -53,12 +53,7 @@ def _peaks(devices: Sequence[DeviceProperties]) -> tuple[float | None, float | N
     """(device memory GB/s, PCIe x16 GB/s, where they came from) for the first GPU."""
     if not devices:
         return None, None, None
-    try:
-        from gpudiag import specs
-
-        spec = specs.lookup_gpu(devices[0].name)
-    except Exception:  # an unknown or malformed spec table must not break the trace report
-        spec = None
+    spec = devices[0].spec()
     if spec is None:
         return None, None, None
     pcie = PCIE_X16_GBPS.get(spec.pcie_gen) if spec.pcie_gen else None

@@ -67,7 +67,7 @@ def find_steps(events: Events) -> tuple[Step, ...]:
 
 
 def gpu_mask(events: Events) -> Bool:
-    return np.isin(events.kind, np.array([int(k) for k in GPU_KINDS], np.int8))
+    return events.kind_in(GPU_KINDS)
 
 
 def analysis_window(

@@ -77,10 +77,13 @@ class SoftmaxGate(torch.nn.Module):
         return torch.matmul(x, torch.softmax(self.logits, dim=0)[: x.shape[-1]].repeat(16))
 
 
-def _profile(module: torch.nn.Module, tmp_path: Path, *, math_backend: bool = False) -> Any:
+def _profile(
+    module: torch.nn.Module, tmp_path: Path, *, math_backend: bool = False, seq: int = 128
+) -> Any:
+    """Two profiled steps of ``module`` over a batch of 2 sequences of ``seq`` tokens."""
     torch.manual_seed(0)
-    x = torch.randn(2, 128, 64)
-    mask = torch.ones(128, 128, dtype=torch.bool).triu(1)
+    x = torch.randn(2, seq, 64)
+    mask = torch.ones(seq, seq, dtype=torch.bool).triu(1)
 
     def step() -> None:
         module(x, mask).sum().backward()

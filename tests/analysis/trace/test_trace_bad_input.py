@@ -209,7 +209,7 @@ PARTIAL: list[tuple[str, _Mutation, str]] = [
     ("correlation_above_int64", _set_arg("kernel", "correlation", 2**70), "64-bit range"),
     ("stream_above_int64", _set_arg("kernel", "stream", 2**64), "64-bit range"),
     ("grid_above_int64", _set_arg("kernel", "grid", [2**63, 1, 1]), "64-bit range"),
-    ("external_id_below_int64", _set_arg("cpu_op", "External id", -(2**70)), "64-bit range"),
+    ("device_below_int64", _set_arg("kernel", "device", -(2**70)), "64-bit range"),
     ("registers_above_int64", _set_arg("kernel", "registers per thread", 2**80), "64-bit"),
     ("pid_above_int64", _set_field("kernel", "pid", 2**80), "64-bit range"),
     ("negative_duration", _set_field("kernel", "dur", -5), "1 with negative duration"),

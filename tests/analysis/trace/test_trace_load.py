@@ -35,13 +35,13 @@ def test_load_counts_complete_events_by_kind(traces_dir: Path) -> None:
 
 
 def test_load_reads_2021_spellings(traces_dir: Path) -> None:
-    """The kineto samples say Operator/Runtime/Kernel/Memcpy and 'external id', tid 'stream 7'."""
+    """The kineto samples say Operator/Runtime/Kernel/Memcpy, tid 'stream 7'."""
     trace = load_trace(traces_dir / RESNET_NW0)
     ev = trace.events
     kernels = np.flatnonzero(ev.kind == Kind.KERNEL)
     assert kernels.size == 8772
     assert set(ev.stream[kernels].tolist()) == {7}
-    assert (ev.external_id[kernels] >= 0).all()
+    assert (ev.correlation[kernels] >= 0).all()
     steps = [ev.names[i] for i in ev.name[ev.kind == Kind.STEP]]
     assert len(steps) == 6
     assert all(s.startswith("ProfilerStep#") for s in steps)
@@ -66,7 +66,7 @@ def test_load_in_small_blocks_gives_the_same_events(
     monkeypatch.setattr(load, "BLOCK_BYTES", block_bytes)
     blocks = load_trace(traces_dir / A100_CONTROL).events
     assert len(blocks) == len(whole)
-    for column in ("kind", "ts", "dur", "correlation", "external_id", "stream", "extra"):
+    for column in ("kind", "ts", "dur", "correlation", "stream", "device", "extra"):
         assert np.array_equal(getattr(blocks, column), getattr(whole, column)), column
     assert blocks.names == whole.names
 
@@ -95,3 +95,40 @@ def test_load_metadata_after_the_event_list(traces_dir: Path, tmp_path: Path) ->
     trace = load_trace(path)
     assert len(trace.devices) == 8
     assert trace.rank == 0
+
+
+def test_id_columns_are_as_narrow_as_their_values(tmp_path: Path) -> None:
+    # Hundreds of names and a few threads (every real trace): int16, 2 bytes a row. Past
+    # 32767 names (or a stream id past int16) the column widens, and no id is lost.
+    def event(i: int, name: str, stream: int) -> dict[str, Any]:
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "pid": 0,
+            "tid": 7,
+            "ts": float(i),
+            "dur": 0.5,
+            "args": {"stream": stream, "device": 0, "correlation": i},
+        }
+
+    few = tmp_path / "few.json"
+    few.write_text(json.dumps({"traceEvents": [event(i, f"k{i % 3}", 7) for i in range(50)]}))
+    ev = load_trace(few).events
+    assert ev.name.dtype == np.int16
+    assert ev.thread.dtype == np.int16
+    assert ev.stream.dtype == np.int16
+    n = 40_000
+    many = tmp_path / "many.json"
+    events = [event(i, f"kernel_{i}", 7 if i < n - 1 else 1 << 20) for i in range(n)]
+    many.write_text(json.dumps({"traceEvents": events}))
+    ev = load_trace(many).events
+    assert ev.name.dtype == np.int32
+    assert ev.stream.dtype == np.int32
+    assert [ev.names[i] for i in ev.name[[0, 32767, n - 1]].tolist()] == [
+        "kernel_0",
+        "kernel_32767",
+        f"kernel_{n - 1}",
+    ]
+    assert ev.stream[-1] == 1 << 20
+    assert ev.correlation.dtype == np.int32  # correlation ids past 32767

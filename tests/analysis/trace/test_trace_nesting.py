@@ -54,7 +54,6 @@ def _events(kind: np.ndarray, thread: np.ndarray, ts: np.ndarray, dur: np.ndarra
         ts=ts.astype(float),
         dur=dur.astype(float),
         correlation=none,
-        external_id=none,
         stream=none,
         device=none,
         extra=none,

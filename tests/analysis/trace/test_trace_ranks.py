@@ -157,6 +157,19 @@ def test_late_rank_on_the_pair_of_128_is_medium(traces_dir: Path) -> None:
     (finding,) = diagnosis.findings
     assert finding.estimated_gain == pytest.approx(0.044, abs=0.002)
     assert finding.severity.value == "medium"
+    # A claim on the ledger of the rank that waits (rank 0): its 27 ms in the held calls, on
+    # its communication and peer-wait rows, over its window.
+    assert finding.claims == (
+        "communication.exposed",
+        "communication.overlapped",
+        "idle.other_rank",
+    )
+    values = {e.name: e.value for e in finding.evidence}
+    waited = values["of it, the part this finding is about (rank 0)"]
+    assert waited == pytest.approx(27.0, abs=0.1)
+    assert finding.estimated_gain == pytest.approx(
+        waited * 1e3 / report.ledger(0).window_us, rel=1e-3
+    )
     assert finding.message.startswith("the other ranks wait inside the collectives for rank 1:")
 
 
