@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudiag._report import card, html_table, jsonable
+from gpudiag.units import format_seconds
 
 # torch.utils.benchmark's Measurement warns when the IQR exceeds 10 % of the median
 # (torch/utils/benchmark/utils/common.py); we use the same line.
@@ -32,15 +33,6 @@ def quantile(samples: Sequence[float], fraction: float) -> float:
 def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
     """(Q1, median, Q3) of ``samples``; NaN for no samples."""
     return quantile(samples, 0.25), quantile(samples, 0.5), quantile(samples, 0.75)
-
-
-def _fmt_time(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "n/a"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 @dataclass(frozen=True)
@@ -111,7 +103,7 @@ class Measurement:
 
     def summary(self) -> str:
         return (
-            f"median {_fmt_time(self.median_s)}, IQR {_fmt_time(self.iqr_s)} "
+            f"median {format_seconds(self.median_s)}, IQR {format_seconds(self.iqr_s)} "
             f"({self.relative_spread:.0%}), {self.n} samples"
         )
 
@@ -140,8 +132,8 @@ class Measurement:
 
     def _repr_html_(self) -> str:
         rows: list[tuple[object, object]] = [
-            ("median", _fmt_time(self.median_s)),
-            ("IQR", f"{_fmt_time(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
+            ("median", format_seconds(self.median_s)),
+            ("IQR", f"{format_seconds(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
             ("samples", self.n),
         ]
         rows += [("warning", w) for w in self.warnings()]

@@ -18,22 +18,13 @@ from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.drift import Drift
 from gpudiag.experiment.memory import PeakMemory
 from gpudiag.fixes import Fix, Proof, ProofStatus
+from gpudiag.units import CELL, format_seconds
 
 if TYPE_CHECKING:
     from gpudiag.probe.contention import MachineLoad
 
 FixLike = Fix | str
 ArmSpec = FixLike | Sequence[FixLike]
-
-
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "n/a"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} us"
 
 
 # A memory fix (FixSpec.saves_memory) is kept when it cuts peak memory by this share or more.
@@ -279,7 +270,7 @@ class Comparison:
             out.append(
                 [
                     a.label,
-                    _fmt_s(st.median_s) if st.n else "n/a",
+                    format_seconds(st.median_s, CELL) if st.n else "n/a",
                     spread,
                     throughput,
                     "baseline" if a.is_baseline else (str(a.speedup) if a.speedup else "n/a"),

@@ -22,6 +22,7 @@ from gpudiag.probe.backend import Backend, NullBackend
 from gpudiag.probe.model import GpuInfo, GpuState
 from gpudiag.probe.nvml import NvmlSession
 from gpudiag.probe.readings import Reading, Status, na, ok
+from gpudiag.units import GIB, format_bytes
 
 _MIB = 1 << 20
 CPU_WINDOW_S = 0.2
@@ -178,7 +179,9 @@ def _bytes(r: Reading[Any]) -> str:
     if not r.ok or r.value is None:
         return "N/A"
     value = float(r.value)
-    return f"{value / (1 << 30):.2f} GiB" if value >= 1 << 30 else f"{value / _MIB:.0f} MiB"
+    if value >= GIB:
+        return format_bytes(value, ".2f", unit="GiB")
+    return format_bytes(value, ".0f", unit="MiB")
 
 
 def _pct(r: Reading[Any]) -> str:
