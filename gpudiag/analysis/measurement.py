@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag._report import card, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts
 from gpudiag.units import format_seconds
 
 # torch.utils.benchmark's Measurement warns when the IQR exceeds 10 % of the median
@@ -36,7 +37,7 @@ def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(Carded):
     """Raw per-step times of one arm, with the robust summaries a comparison needs.
 
     ``samples_s`` are seconds per step (each sample may average several consecutive steps).
@@ -130,14 +131,14 @@ class Measurement:
             }
         )
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows: list[tuple[object, object]] = [
             ("median", format_seconds(self.median_s)),
             ("IQR", f"{format_seconds(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
             ("samples", self.n),
         ]
         rows += [("warning", w) for w in self.warnings()]
-        return card(f"Measurement {self.label}".strip(), html_table(rows))
+        return Card(f"Measurement {self.label}".strip(), [Facts(rows)])
 
 
 # The slowest repetition this many times the fastest is a swing worth a word even when the

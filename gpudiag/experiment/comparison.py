@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
-from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.analysis.stats import Measurement, SpeedupEstimate
 from gpudiag.analysis.verdict import NOT_APPLIED, UNDECIDED, Judgement
 from gpudiag.errors import GpuDiagError
@@ -133,7 +134,7 @@ def _proof_text(proof: Proof, named: bool) -> str:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Carded):
     """Baseline vs fixes on one workload: per-step times, throughput, memory, drift, verdicts."""
 
     workload: str
@@ -361,9 +362,8 @@ class Comparison:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        body = html_grid(self.HEADER, self.rows())
-        facts = html_table(
+    def as_card(self) -> Card:
+        facts = Facts(
             [
                 ("hardware", self.hardware),
                 (
@@ -381,13 +381,16 @@ class Comparison:
                 ),
             ]
         )
-        extra = html_lines(f"skipped {label}: {why}" for label, why in self.skipped)
-        extra += html_lines(self.evidence_lines())
-        extra += html_lines(self.warnings(), "warning", prefix="WARNING: ")
-        extra += html_lines(self.notes, "note", prefix="note: ")
-        return card(
+        return Card(
             f"Comparison: {self.workload_description}",
-            body + facts + extra,
+            [
+                Grid(self.HEADER, self.rows()),
+                facts,
+                Lines([f"skipped {label}: {why}" for label, why in self.skipped]),
+                Lines(self.evidence_lines()),
+                Lines(self.warnings(), "warning", prefix="WARNING: "),
+                Lines(self.notes, "note", prefix="note: "),
+            ],
             subtitle=self.summary(),
         )
 
