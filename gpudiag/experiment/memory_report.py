@@ -379,6 +379,11 @@ def memory(
     ``progress``: a bar naming each step as it runs (``True``), none (``False``), or a
     callback that gets a ``gpudiag._progress.Progress`` per step and ``finished`` at the end.
     """
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"gd.memory takes a gd.Workload, got {type(workload).__name__}; for a config use "
+            "gd.estimate_memory"
+        )
     with user_code_failures("gd.memory"), shared_limits(workload):
         return _memory(workload, batch_size, fixes, estimate, budget, system, progress)
 
@@ -394,11 +399,6 @@ def _memory(
 ) -> MemoryReport:
     from gpudiag.experiment.estimate import estimate_memory
 
-    if not isinstance(workload, Workload):
-        raise WorkloadError(
-            f"gd.memory takes a gd.Workload, got {type(workload).__name__}; for a config use "
-            "gd.estimate_memory"
-        )
     chosen = tuple(Fix.coerce(f) for f in ((fixes,) if isinstance(fixes, (str, Fix)) else fixes))
     notes: list[str] = []
     budget_bytes = parse_budget(budget)
