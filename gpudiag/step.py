@@ -21,8 +21,9 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._report import card, html_table, jsonable
+from gpudiag._report import jsonable
 from gpudiag._values import finite_number, whole_number
+from gpudiag._views import Card, Carded, Facts
 from gpudiag.errors import WorkloadError
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ def _optimizer_factory(optimizer: object) -> OptimizerFactory | None:
     )
 
 
-class Workload:
+class Workload(Carded):
     """One training step gpudiag can run again and again, on copies, with fixes applied.
 
     ``batch``: ``batch_size -> batch`` (called once per arm, outside the timed steps; a ready
@@ -404,9 +405,9 @@ class Workload:
     def __repr__(self) -> str:
         return f"Workload({self.describe()})"
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows = [(k, v) for k, v in self.to_dict().items() if v is not None]
-        return card(f"Workload {self.name}", html_table(rows))
+        return Card(f"Workload {self.name}", [Facts(rows)])
 
 
 def grad_norm(model: torch.nn.Module) -> float | None:

@@ -106,3 +106,17 @@ def test_a_result_card_draws_without_anyone_importing_ui_first() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "False"]
+
+
+def test_a_carded_result_leaves_its_html_to_the_renderer() -> None:
+    """A class that says what its card holds (``as_card``) writes no HTML of its own."""
+    import ast
+
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                if "as_card" in methods and "_repr_html_" in methods and node.name != "Carded":
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert offenders == []
