@@ -23,8 +23,9 @@ from typing import Any, Literal, cast
 from gpudiag.errors import ViewError
 
 ViewKind = Literal["figure", "widget", "html"]
-# How a line below a card's tables reads: plain, a note (faded), a warning, an error.
-LineKind = Literal["plain", "note", "warning", "error"]
+# How a line below a card's tables reads: plain, a note (faded), a warning, an error, or the
+# heading of the table after it.
+LineKind = Literal["plain", "note", "warning", "error", "heading"]
 
 # (kind, "module.Type") -> a builder, or "module:attribute" naming it
 _views: dict[tuple[str, str], Callable[..., Any] | str] = {}

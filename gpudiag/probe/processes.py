@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.probe.backend import Backend, NullBackend
 from gpudiag.probe.model import GpuInfo, GpuState
 from gpudiag.probe.nvml import NvmlSession
@@ -89,7 +90,7 @@ class GpuUse:
 
 
 @dataclass(frozen=True)
-class ProcessReport:
+class ProcessReport(Carded):
     """The GPU processes of this machine (or of a recording), one row per process and GPU."""
 
     source: str
@@ -165,14 +166,10 @@ class ProcessReport:
         out.extend(self._lines_below())
         return "\n".join(line.rstrip() for line in out)
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         header, rows = self._table()
-        body = html_grid(header, rows) if rows else "<div>no GPU process listed</div>"
-        body += "".join(
-            f"<div style='opacity:.8;margin-top:3px'>{esc(line)}</div>"
-            for line in self._lines_below()
-        )
-        return card(self._title(), body)
+        table = Grid(header, rows) if rows else Lines(["no GPU process listed"])
+        return Card(self._title(), [table, Lines(self._lines_below(), "note")])
 
 
 def _bytes(r: Reading[Any]) -> str:
