@@ -82,6 +82,7 @@ LINE_STYLES = {
     "note": "opacity:.7",
     "warning": "color:#b45309",
     "error": "color:#b00",
+    "heading": "margin-top:6px;font-weight:600",
 }
 
 

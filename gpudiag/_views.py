@@ -1,4 +1,5 @@
-"""Views of results (figures, widgets), registered by the presentation layer by type name.
+"""Views of results (figures, widgets, HTML cards), registered by the presentation layer by
+type name.
 
 The domain never imports the presentation layer: a result's ``.plot()`` asks this registry
 for the figure registered for its type. ``gpudiag.plots`` and ``gpudiag.ui`` register theirs
@@ -6,17 +7,25 @@ when they are imported, by name (``"module:function"``), so registering imports 
 The package facade names them as providers, so the first ``.plot()`` loads them. Types are
 keyed by name, as IPython's ``for_type_by_name`` in ``gpudiag.ui.figures``: nothing is
 imported before a view is asked for.
+
+A result shown as a card is :class:`Carded`: it says what its card holds (``as_card()``: a
+:class:`Card` of facts, grids and lines, in order) and its ``_repr_html_`` is the ``"html"``
+view registered for ``Carded``, one renderer for every card.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 from gpudiag.errors import ViewError
 
-ViewKind = Literal["figure", "widget"]
+ViewKind = Literal["figure", "widget", "html"]
+# How a line below a card's tables reads: plain, a note (faded), a warning, an error, or the
+# heading of the table after it.
+LineKind = Literal["plain", "note", "warning", "error", "heading"]
 
 # (kind, "module.Type") -> a builder, or "module:attribute" naming it
 _views: dict[tuple[str, str], Callable[..., Any] | str] = {}
@@ -72,3 +81,55 @@ def build(kind: ViewKind, result: object, *args: Any) -> Any:
         builder = getattr(importlib.import_module(module), attribute)
         _views[(kind, name)] = builder
     return builder(result, *args)
+
+
+# -- cards: what a result shows, apart from how it is drawn ---------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """A key/value table (``caption`` above it)."""
+
+    rows: Sequence[tuple[object, object]]
+    caption: str | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table with a header row."""
+
+    header: Sequence[object]
+    rows: Sequence[Sequence[object]]
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Lines of text below the tables, each after ``prefix``, read as ``kind``."""
+
+    lines: Sequence[object]
+    kind: LineKind = "plain"
+    prefix: str = ""
+
+
+Block = Facts | Grid | Lines
+
+
+@dataclass(frozen=True)
+class Card:
+    """A result's card: a title, an optional subtitle and its blocks in order."""
+
+    title: str
+    blocks: Sequence[Block]
+    subtitle: str | None = None
+
+
+class Carded:
+    """A result shown as a card: ``as_card()`` gives the facts, the ``"html"`` view draws them."""
+
+    __slots__ = ()
+
+    def as_card(self) -> Card:
+        raise NotImplementedError
+
+    def _repr_html_(self) -> str:
+        return cast(str, build("html", self))

@@ -16,20 +16,29 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._report import card, html_table, jsonable
+from gpudiag._report import jsonable
 from gpudiag._values import finite_number, whole_number
+from gpudiag._views import Card, Carded, Facts
 from gpudiag.errors import WorkloadError
 
 if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
     from gpudiag.probe.system import SystemReport
 
+# ``(model, batch) -> scalar tensor`` (or an object with ``.loss``): a workload's loss.
+LossFn = Callable[["torch.nn.Module", Any], Any]
+# ``params -> Optimizer``: builds a fresh optimizer for each trial.
+OptimizerFactory = Callable[[Any], "torch.optim.Optimizer"]
 
-def move_to(batch: Any, device: Any) -> Any:
+
+def move_to(batch: Any, device: torch.device | str) -> Any:
     """Tensors in a (nested) batch moved to ``device``; other values untouched."""
     import torch
 
@@ -116,7 +125,7 @@ class StepRecord:
         )
 
 
-def default_loss(model: Any, batch: Any) -> Any:
+def default_loss(model: torch.nn.Module, batch: Any) -> Any:
     """``model(batch)`` (dicts as keyword arguments, tuples as positional ones), then its loss.
 
     The model must return a scalar tensor or an object with a ``.loss`` (Hugging Face style);
@@ -165,14 +174,14 @@ def constructor_settings(cls: type, defaults: Mapping[str, Any]) -> dict[str, An
     return {k: v for k, v in defaults.items() if k in accepted and k != "params"}
 
 
-def _step_timeout(value: Any) -> float | None:
+def _step_timeout(value: object) -> float | None:
     """``step_timeout_s``: None (the trial's default), a positive number of seconds, or inf."""
     if value is None or (isinstance(value, float) and math.isinf(value) and value > 0):
         return value
     return finite_number(value, "step_timeout_s", low=0, low_open=True, error=WorkloadError)
 
 
-def needs_closure(optimizer: Any) -> bool:
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     """The optimizer's ``step`` requires a closure that re-evaluates the loss (LBFGS)."""
     import inspect
 
@@ -183,7 +192,7 @@ def needs_closure(optimizer: Any) -> bool:
     return closure is not None and closure.default is inspect.Parameter.empty
 
 
-def _optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
+def _optimizer_factory(optimizer: object) -> OptimizerFactory | None:
     if optimizer is None:
         return None
     import torch
@@ -194,7 +203,7 @@ def _optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
         settings = constructor_settings(cls, optimizer.defaults)
         return lambda params: cls(params, **settings)
     if callable(optimizer):  # a factory, or an Optimizer class (default settings)
-        factory: Callable[[Any], Any] = optimizer
+        factory: OptimizerFactory = optimizer
         return factory
     raise WorkloadError(
         "optimizer= must be a factory (params -> Optimizer), e.g. "
@@ -202,7 +211,7 @@ def _optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
     )
 
 
-class Workload:
+class Workload(Carded):
     """One training step gpudiag can run again and again, on copies, with fixes applied.
 
     ``batch``: ``batch_size -> batch`` (called once per arm, outside the timed steps; a ready
@@ -215,12 +224,12 @@ class Workload:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         batch: Any = None,
-        loss: Callable[[Any, Any], Any] | None = None,
-        optimizer: Any = None,
+        loss: LossFn | None = None,
+        optimizer: torch.optim.Optimizer | OptimizerFactory | None = None,
         batch_size: int = 8,
-        dataloader: Any = None,
+        dataloader: Iterable[Any] | None = None,
         tokens_per_sample: int | None = None,
         name: str | None = None,
         step_timeout_s: float | None = None,
@@ -240,13 +249,13 @@ class Workload:
         batch_size = whole_number(batch_size, "batch_size", low=1, error=WorkloadError)
         if loss is not None and not callable(loss):
             raise WorkloadError("loss= must be a function (model, batch) -> scalar tensor")
-        self.model = model
+        self.model: torch.nn.Module | None = model
         self.batch = batch
         self.loss = loss
         self.optimizer = optimizer
         self.optimizer_factory = _optimizer_factory(optimizer)
         self.batch_size = int(batch_size)
-        self.dataloader = dataloader
+        self.dataloader: Iterable[Any] | None = dataloader
         self.tokens_per_sample = tokens_per_sample
         self.name = name or type(model).__name__
         self.step_timeout_s = _step_timeout(step_timeout_s)
@@ -261,8 +270,8 @@ class Workload:
         cls,
         step_fn: Callable[[], Any],
         *,
-        model: Any = None,
-        optimizer: Any = None,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         batch_size: int | None = None,
         tokens_per_sample: int | None = None,
         name: str | None = None,
@@ -302,7 +311,7 @@ class Workload:
         return self.step_fn is None
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         import torch
 
         if self.model is None:
@@ -315,7 +324,7 @@ class Workload:
     def device_type(self) -> str:
         return str(self.device.type)
 
-    def loss_fn(self) -> Callable[[Any, Any], Any]:
+    def loss_fn(self) -> LossFn:
         return self.loss or default_loss
 
     def make_batch(self) -> Any:
@@ -327,13 +336,14 @@ class Workload:
 
     def batches(self) -> Iterator[Any]:
         """Endless batches: the dataloader cycled (its work timed), else one fixed batch."""
-        if self.dataloader is not None:
+        loader = self.dataloader
+        if loader is not None:
             device = self.device
 
             def cycle() -> Iterator[Any]:
                 while True:
                     empty = True
-                    for b in self.dataloader:
+                    for b in loader:
                         empty = False
                         yield move_to(b, device)
                     if empty:
@@ -354,6 +364,7 @@ class Workload:
             return f"step function {self.name!r}" + (
                 f" on {type(self.model).__name__}" if self.model is not None else ""
             )
+        assert self.model is not None  # a Workload(model, ...) owns its step
         parts = [f"{self.name}: {type(self.model).__name__}"]
         n_params = sum(p.numel() for p in self.model.parameters())
         parts.append(f"{n_params / 1e6:.2f} M parameters")
@@ -394,12 +405,12 @@ class Workload:
     def __repr__(self) -> str:
         return f"Workload({self.describe()})"
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows = [(k, v) for k, v in self.to_dict().items() if v is not None]
-        return card(f"Workload {self.name}", html_table(rows))
+        return Card(f"Workload {self.name}", [Facts(rows)])
 
 
-def grad_norm(model: Any) -> float | None:
+def grad_norm(model: torch.nn.Module) -> float | None:
     """L2 norm of all gradients of ``model`` (None when it has none)."""
     import torch
 
@@ -424,7 +435,7 @@ def loss_value(out: Any) -> float | None:
     return None
 
 
-def rebuild_loader(loader: Any, **overrides: Any) -> Any:
+def rebuild_loader(loader: DataLoader[Any], **overrides: Any) -> DataLoader[Any]:
     """A new DataLoader over ``loader``'s dataset, sampler and collate function, with
     ``overrides`` (``batch_size``, ``num_workers``, ``pin_memory``, ...) replacing its settings.
     Settings that only exist with workers are dropped when ``num_workers`` is 0."""
@@ -518,7 +529,7 @@ class Step:
     def of(
         cls,
         workload: Workload,
-        model: Any = None,
+        model: torch.nn.Module | None = None,
         *,
         device_type: str | None = None,
         system: SystemReport | None = None,
@@ -605,7 +616,7 @@ class Step:
         return self.workload
 
     # -- running ------------------------------------------------------------------------
-    def autocast(self) -> Any:
+    def autocast(self) -> AbstractContextManager[Any]:
         """The autocast context the precision fixes asked for (none without one)."""
         if self.autocast_dtype is None:
             return nullcontext()
@@ -660,7 +671,7 @@ class Step:
             self.base_model.zero_grad(set_to_none=True)
         return (sum(float(x.float()) for x in losses) if record else None), norm
 
-    def _forward_backward(self, micro_batches: list[Any], loss_fn: Any) -> list[Any]:
+    def _forward_backward(self, micro_batches: list[Any], loss_fn: LossFn) -> list[Any]:
         """Forward, loss and backward of each micro-batch; their detached losses."""
         scaler = self.scaler
         losses = []
@@ -675,7 +686,9 @@ class Step:
             losses.append(loss.detach())
         return losses
 
-    def _closure(self, micro_batches: list[Any], loss_fn: Any, first: list[Any]) -> Any:
+    def _closure(
+        self, micro_batches: list[Any], loss_fn: LossFn, first: list[Any]
+    ) -> Callable[[], Any]:
         """``optimizer.step(closure)`` for optimizers that re-evaluate the loss (LBFGS): the
         first call returns this step's loss (its gradients are in place), later calls run the
         forward and backward again on the same micro-batches."""

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudiag._report import card, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts
+from gpudiag.units import format_seconds
 
 # torch.utils.benchmark's Measurement warns when the IQR exceeds 10 % of the median
 # (torch/utils/benchmark/utils/common.py); we use the same line.
@@ -34,17 +36,8 @@ def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
     return quantile(samples, 0.25), quantile(samples, 0.5), quantile(samples, 0.75)
 
 
-def _fmt_time(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "n/a"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"
-
-
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(Carded):
     """Raw per-step times of one arm, with the robust summaries a comparison needs.
 
     ``samples_s`` are seconds per step (each sample may average several consecutive steps).
@@ -111,7 +104,7 @@ class Measurement:
 
     def summary(self) -> str:
         return (
-            f"median {_fmt_time(self.median_s)}, IQR {_fmt_time(self.iqr_s)} "
+            f"median {format_seconds(self.median_s)}, IQR {format_seconds(self.iqr_s)} "
             f"({self.relative_spread:.0%}), {self.n} samples"
         )
 
@@ -138,14 +131,14 @@ class Measurement:
             }
         )
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows: list[tuple[object, object]] = [
-            ("median", _fmt_time(self.median_s)),
-            ("IQR", f"{_fmt_time(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
+            ("median", format_seconds(self.median_s)),
+            ("IQR", f"{format_seconds(self.iqr_s)} ({self.relative_spread:.0%} of the median)"),
             ("samples", self.n),
         ]
         rows += [("warning", w) for w in self.warnings()]
-        return card(f"Measurement {self.label}".strip(), html_table(rows))
+        return Card(f"Measurement {self.label}".strip(), [Facts(rows)])
 
 
 # The slowest repetition this many times the fastest is a swing worth a word even when the

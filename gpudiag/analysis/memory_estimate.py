@@ -29,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import jsonable
 from gpudiag._values import whole_number
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.errors import MemoryEstimateError
 from gpudiag.units import format_bytes
 
@@ -216,7 +217,7 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
-class MemoryEstimate:
+class MemoryEstimate(Carded):
     """Estimated peak memory of one training step (or of generation, with a KV cache).
 
     ``peak_bytes`` is what ``torch.cuda.max_memory_allocated()`` would report for the step on a
@@ -332,22 +333,23 @@ class MemoryEstimate:
         )
         return f" at the {self.peak_phase} ({others})"
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows = [
             (name, format_bytes(value), f"{value / self.peak_bytes:.0%}" if self.peak_bytes else "")
             for name, value in self.breakdown.items()
             if value
         ]
-        head = html_table(
+        head = Facts(
             [
                 ("peak per GPU", format_bytes(self.peak_bytes) + self._phase_text()),
                 ("route", self.route),
                 ("settings", self._settings()),
             ]
         )
-        notes = "".join(f"<div style='opacity:.7'>{esc(a)}</div>" for a in self.assumptions)
-        body = head + html_grid(("category", "bytes", "share"), rows) + notes
-        return card(f"Memory estimate: {self.model or 'model'}", body)
+        return Card(
+            f"Memory estimate: {self.model or 'model'}",
+            [head, Grid(("category", "bytes", "share"), rows), Lines(self.assumptions, "note")],
+        )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from typing import Any
 
 from gpudiag import _progress
 from gpudiag._progress import ProgressFn, finish, report
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.analysis.files import GiB, open_regular
 from gpudiag.analysis.snapshot_diff import (
     Holder,
@@ -316,7 +317,7 @@ def _group(items: Iterable[tuple[int, tuple[str, ...]]], top: int) -> list[Stack
 
 
 @dataclass(frozen=True)
-class MemorySnapshot:
+class MemorySnapshot(Carded):
     """What a CUDA allocator snapshot says: held vs used memory, where it went, any OOM."""
 
     source: str
@@ -434,8 +435,8 @@ class MemorySnapshot:
             lines.append(f"  at peak: {format_bytes(g.nbytes):>11}  {g.site}")
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        head = html_table(
+    def as_card(self) -> Card:
+        head = Facts(
             [
                 ("reserved", format_bytes(self.reserved_bytes)),
                 ("allocated", format_bytes(self.allocated_bytes)),
@@ -454,12 +455,12 @@ class MemorySnapshot:
             ]
         )
         groups = self.live_at_peak or self.live_now
-        grid = html_grid(
+        grid = Grid(
             ("live bytes", "blocks", "allocated at"),
             [(format_bytes(g.nbytes), g.count, g.site) for g in groups[:10]],
         )
-        notes = "".join(f"<div>{esc(f)}</div>" for f in self.findings())
-        return card("CUDA memory snapshot", head + notes + grid, subtitle=self.source)
+        notes = Lines(self.findings())
+        return Card("CUDA memory snapshot", [head, notes, grid], subtitle=self.source)
 
 
 # More blocks and trace entries than a snapshot of any GPU holds (a 80 GB GPU's allocator has

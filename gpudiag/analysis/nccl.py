@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._files import LOG_BYTES, read_text
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import jsonable
 from gpudiag._values import digits, is_ascii_number
+from gpudiag._views import Block, Card, Carded, Grid, Lines
 from gpudiag.errors import GpuDiagError
 from gpudiag.units import format_bytes
 
@@ -164,7 +165,7 @@ class CollectiveRow:
 
 
 @dataclass(frozen=True, slots=True)
-class CollectiveResult:
+class CollectiveResult(Carded):
     """Bandwidth of one collective over message sizes: measured by ``gd.bench.allreduce`` (and
     friends) or parsed from an nccl-tests log, so the two can be compared.
 
@@ -315,11 +316,12 @@ class CollectiveResult:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
+        body: Block
         if self.error:
-            body = f"<div>cannot run: {esc(self.error)}</div>"
+            body = Lines([f"cannot run: {self.error}"])
         else:
-            body = html_grid(
+            body = Grid(
                 (
                     "size",
                     "placement",
@@ -331,8 +333,9 @@ class CollectiveResult:
                 ),
                 self._table(),
             )
-        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
-        return card("Collective bandwidth", body + notes, subtitle=self._title())
+        return Card(
+            "Collective bandwidth", [body, Lines(self.notes, "note")], subtitle=self._title()
+        )
 
 
 # --- nccl-tests log parser ---------------------------------------------------------------------

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpudiag._report import card, esc, html_grid, html_table
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.errors import OccupancyInputError
 from gpudiag.specs import SmLimits, SpecsError, cc_limits, parse_compute_capability
 
@@ -43,7 +43,7 @@ MAX_BARRIERS_PER_BLOCK = 16
 
 
 @dataclass(frozen=True, slots=True)
-class Occupancy:
+class Occupancy(Carded):
     """How many blocks and warps of one launch configuration fit on one SM.
 
     ``blocks_limit`` maps each resource of :data:`RESOURCES` to the number of blocks that
@@ -130,9 +130,9 @@ class Occupancy:
             f"blocks per resource: {limits})"
         )
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         smem = self.smem_per_block_bytes + self.dynamic_smem_per_block_bytes
-        inputs = html_table(
+        inputs = Facts(
             [
                 ("compute capability", f"{self.cc[0]}.{self.cc[1]}"),
                 ("threads per block", self.threads_per_block),
@@ -145,7 +145,7 @@ class Occupancy:
             ],
             caption="launch",
         )
-        limits = html_grid(
+        limits = Grid(
             ["resource", "blocks it allows", "limiting"],
             [
                 (k, _fmt_limit(v), "yes" if k in self.limiting else "")
@@ -157,10 +157,9 @@ class Occupancy:
             ("active warps per SM", f"{self.active_warps_per_sm} / {self.max_warps_per_sm}"),
             ("shared memory config", "n/a" if config is None else f"{config // 1024} KiB"),
         ]
-        notes = "".join(f"<div style='opacity:.8'>{esc(n)}</div>" for n in self.notes)
-        return card(
+        return Card(
             f"Occupancy {self.occupancy_pct:.1f}%",
-            inputs + limits + html_table(extra) + notes,
+            [inputs, limits, Facts(extra), Lines(self.notes, "note")],
             subtitle=self._summary(),
         )
 

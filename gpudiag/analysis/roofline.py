@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpudiag import _views
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.analysis.costed_ops import (
     ATTENTION_OPS,
     CONV_OPS,
@@ -116,7 +117,7 @@ _ORIGIN_RANK = {"specs": 0, "estimate": 1, "measured": 2}
 
 
 @dataclass(frozen=True, slots=True)
-class Roofline:
+class Roofline(Carded):
     """Ceilings and points. ``bound(point)`` uses the theoretical ceiling (specs, then a labelled
     estimate) when there is one, otherwise the measured one."""
 
@@ -225,8 +226,8 @@ class Roofline:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        roofs = html_grid(
+    def as_card(self) -> Card:
+        roofs = Grid(
             ("roof", "value", "origin", "source"),
             [
                 (
@@ -238,11 +239,10 @@ class Roofline:
                 for c in self.ceilings
             ],
         )
-        points = html_grid(
+        points = Grid(
             ("op", "dtype", "FLOP/byte", "TFLOP/s", "bound", "of attainable"), self._point_rows()
         )
-        notes = "".join(f"<div style='opacity:.7'>{esc(n)}</div>" for n in self.notes)
-        return card("Roofline", roofs + points + notes, subtitle=self.device)
+        return Card("Roofline", [roofs, points, Lines(self.notes, "note")], subtitle=self.device)
 
 
 # --- building points ---------------------------------------------------------------------------
@@ -513,13 +513,9 @@ def _spec_of(system: GpuSource, gpu_index: int) -> tuple[Any | None, str]:
         if gpu_index >= len(gpus):
             raise GpuDiagError(f"GPU {gpu_index} asked for; the report has {len(gpus)}.")
         name = str(gpus[gpu_index].name)
-    try:
-        from gpudiag import specs
+    from gpudiag import specs
 
-        spec = specs.lookup_gpu(name)
-    except Exception:  # no spec table or an unknown board: ceilings come from measurements
-        spec = None
-    return spec, name
+    return specs.lookup_gpu(name), name  # None for an unknown board: roofs from measurements
 
 
 def roofline(

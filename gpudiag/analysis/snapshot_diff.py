@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gpudiag import _views
-from gpudiag._report import card, esc, html_grid, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.errors import ArgumentError
 from gpudiag.units import format_bytes
 
@@ -144,7 +145,7 @@ def short_frame(frame: str) -> str:
 
 
 @dataclass(frozen=True)
-class SnapshotDiff:
+class SnapshotDiff(Carded):
     """``after`` minus ``before``: allocated and reserved bytes, and each allocation stack's
     live bytes and blocks (``rows``, the largest change either way first)."""
 
@@ -235,16 +236,16 @@ class SnapshotDiff:
         lines += [f"  {f}" for f in self.findings()]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         a, b = self.labels
-        head = html_table(
+        head = Facts(
             [
                 (f"allocated ({a} -> {b})", _change(self.allocated_before, self.allocated_after)),
                 (f"reserved ({a} -> {b})", _change(self.reserved_before, self.reserved_after)),
             ]
         )
-        notes = "".join(f"<div>{esc(f)}</div>" for f in self.findings()[1:])
-        grid = html_grid(
+        notes = Lines(self.findings()[1:])
+        grid = Grid(
             ("change", "blocks", "category", "allocated at"),
             [
                 (
@@ -256,7 +257,7 @@ class SnapshotDiff:
                 for r in self.top(15)
             ],
         )
-        return card("CUDA memory: what changed", head + notes + grid, subtitle=f"{a} -> {b}")
+        return Card("CUDA memory: what changed", [head, notes, grid], subtitle=f"{a} -> {b}")
 
 
 def _signed(n: int) -> str:
@@ -319,7 +320,7 @@ def diff_snapshots(
 
 
 @dataclass(frozen=True)
-class SnapshotRanks:
+class SnapshotRanks(Carded):
     """The snapshots of one job's ranks: who holds more, and in what.
 
     ``imbalance`` compares the lightest rank (fewest allocated bytes) with the heaviest.
@@ -402,16 +403,17 @@ class SnapshotRanks:
         lines += [f"  {f}" for f in self.findings()]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        grid = html_grid(
+    def as_card(self) -> Card:
+        grid = Grid(
             ("rank", "allocated", "reserved", "file"),
             [
                 (r, format_bytes(s.allocated_bytes), format_bytes(s.reserved_bytes), s.source)
                 for r, s in zip(self.ranks, self.snapshots, strict=True)
             ],
         )
-        notes = "".join(f"<div>{esc(f)}</div>" for f in self.findings())
-        return card("CUDA memory across ranks", notes + grid, subtitle=self.source)
+        return Card(
+            "CUDA memory across ranks", [Lines(self.findings()), grid], subtitle=self.source
+        )
 
 
 def category_bytes(holders: Iterable[Holder]) -> dict[str, int]:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from gpudiag._report import jsonable
 from gpudiag.errors import ArgumentError
+from gpudiag.units import WAIT, format_seconds
 
 Verdict = Literal["faster", "slower", "no significant difference", "undecided"]
 FASTER: Verdict = "faster"
@@ -287,7 +288,8 @@ class Judgement:
             return ""
         if self.more_rounds is None:
             return self.reason
-        when = f" (~{_fmt_seconds(self.more_s)} at this pace)" if self.more_s else ""
+        more = format_seconds(self.more_s, WAIT, none="?")
+        when = f" (~{more} at this pace)" if self.more_s else ""
         return f"{self.reason}: about {self.more_rounds} more round(s){when}"
 
     def __str__(self) -> str:
@@ -306,14 +308,6 @@ class Judgement:
                 "more_s": self.more_s,
             }
         )
-
-
-def _fmt_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def judge(

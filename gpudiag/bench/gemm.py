@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
-from gpudiag._report import card, esc, html_grid, html_lines, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -75,7 +76,7 @@ class MatmulRow:
 
 
 @dataclass(frozen=True, slots=True)
-class MatmulResult:
+class MatmulResult(Carded):
     """``gd.bench.matmul()``: achieved TFLOP/s per dtype and size, peaks, and what could not run.
 
     ``tflops(dtype)`` is the best correct median over the sizes, or None when the dtype was asked
@@ -181,9 +182,9 @@ class MatmulResult:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        summary = html_grid(("dtype", "best TFLOP/s", "peak", "of peak"), self.summary_rows())
-        detail = html_grid(
+    def as_card(self) -> Card:
+        summary = Grid(("dtype", "best TFLOP/s", "peak", "of peak"), self.summary_rows())
+        detail = Grid(
             ("dtype", "M x N x K", "TFLOP/s (median)", "IQR", "of best", "check"),
             [
                 (
@@ -197,12 +198,12 @@ class MatmulResult:
                 for r in self.rows
             ],
         )
-        sources = "".join(
-            f"<div style='opacity:.7'>{esc(d)} peak: {esc(p.source or p.reason)}</div>"
-            for d, p in self.peaks.items()
+        peaks = [f"{d} peak: {p.source or p.reason}" for d, p in self.peaks.items()]
+        return Card(
+            "Matmul ceiling",
+            [summary, detail, Lines(peaks, "note"), Lines(self.notes, "note")],
+            subtitle=self.device,
         )
-        notes = html_lines(self.notes, "note")
-        return card("Matmul ceiling", summary + detail + sources + notes, subtitle=self.device)
 
 
 def _shapes(sizes: Iterable[int | Sequence[int]]) -> list[tuple[int, int, int]]:

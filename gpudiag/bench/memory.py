@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
-from gpudiag._report import card, html_grid, html_lines, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -75,7 +76,7 @@ class BandwidthRow:
 
 
 @dataclass(frozen=True, slots=True)
-class BandwidthResult:
+class BandwidthResult(Carded):
     """``gd.bench.bandwidth()``: GB/s (1e9 bytes/s) per kind and transfer size.
 
     ``gbps(kind)`` is the best median over the sizes that are at least as large as the
@@ -172,11 +173,9 @@ class BandwidthResult:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        summary = html_grid(
-            ("kind", "best GB/s", "theoretical", "of theoretical"), self.summary_rows()
-        )
-        detail = html_grid(
+    def as_card(self) -> Card:
+        summary = Grid(("kind", "best GB/s", "theoretical", "of theoretical"), self.summary_rows())
+        detail = Grid(
             ("kind", "size", "GB/s (median)", "IQR", "check"),
             [
                 (
@@ -189,8 +188,8 @@ class BandwidthResult:
                 for r in self.rows
             ],
         )
-        notes = html_lines(self.notes, "note")
-        return card("Memory bandwidth", summary + detail + notes, subtitle=self.device)
+        notes = Lines(self.notes, "note")
+        return Card("Memory bandwidth", [summary, detail, notes], subtitle=self.device)
 
 
 def _theoretical(target: _env.Target, kind: str, system: SystemReport | None) -> Reading[float]:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
 from gpudiag._progress import ProgressFn, iterate, resolve
-from gpudiag._report import card, html_grid, html_lines, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.analysis.measurement import noise_warning
 from gpudiag.bench import _env
 from gpudiag.bench.timing import Measurement, Rotation, copies_to_exceed_cache, measure
@@ -90,7 +91,7 @@ class AttentionRow:
 
 
 @dataclass(frozen=True, slots=True)
-class AttentionResult:
+class AttentionResult(Carded):
     """``gd.bench.attention()``: one row per (backend, sequence length); a backend that cannot
     run has rows with ``reason`` and no times."""
 
@@ -203,17 +204,17 @@ class AttentionResult:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        table = html_grid(
+    def as_card(self) -> Card:
+        table = Grid(
             ("backend", "seq len", "forward ms", "backward ms", "peak memory", "status"),
             self._table(),
         )
-        notes = html_lines(self.notes, "note")
+        notes = Lines(self.notes, "note")
         subtitle = (
             f"{self.device} · {self.dtype} · batch {self.batch} · {self.heads} heads x "
             f"{self.head_dim} · {'causal' if self.causal else 'no mask'}"
         )
-        return card("Attention backends", table + notes, subtitle=subtitle)
+        return Card("Attention backends", [table, notes], subtitle=subtitle)
 
 
 @dataclass

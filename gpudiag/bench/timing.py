@@ -11,9 +11,9 @@ from typing import Any, Generic, TypeVar
 
 from gpudiag.analysis.measurement import SPREAD_WARNING as SPREAD_WARNING
 from gpudiag.analysis.measurement import Measurement as BaseMeasurement
-from gpudiag.analysis.measurement import _fmt_time as _fmt_s
 from gpudiag.analysis.measurement import quartiles as quartiles
 from gpudiag.errors import ArgumentError
+from gpudiag.units import format_seconds
 
 Clock = Callable[[], float]
 # A timer is a context-manager factory: on exit it appends the elapsed seconds to the list it
@@ -73,8 +73,9 @@ class Measurement(BaseMeasurement):
 
     def __repr__(self) -> str:
         text = (
-            f"Measurement({self.label + ': ' if self.label else ''}median {_fmt_s(self.median_s)}, "
-            f"IQR {_fmt_s(self.iqr_s)} ({self.relative_spread:.0%}), {self.n} samples of "
+            f"Measurement({self.label + ': ' if self.label else ''}"
+            f"median {format_seconds(self.median_s)}, "
+            f"IQR {format_seconds(self.iqr_s)} ({self.relative_spread:.0%}), {self.n} samples of "
             f"{self.number} call{'s' if self.number != 1 else ''})"
         )
         for warning in self.warnings():

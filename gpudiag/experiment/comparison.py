@@ -11,29 +11,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpudiag import _views
-from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.analysis.stats import Measurement, SpeedupEstimate
 from gpudiag.analysis.verdict import NOT_APPLIED, UNDECIDED, Judgement
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.drift import Drift
 from gpudiag.experiment.memory import PeakMemory
 from gpudiag.fixes import Fix, Proof, ProofStatus
+from gpudiag.units import CELL, format_seconds
 
 if TYPE_CHECKING:
     from gpudiag.probe.contention import MachineLoad
 
 FixLike = Fix | str
 ArmSpec = FixLike | Sequence[FixLike]
-
-
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "n/a"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} us"
 
 
 # A memory fix (FixSpec.saves_memory) is kept when it cuts peak memory by this share or more.
@@ -142,7 +134,7 @@ def _proof_text(proof: Proof, named: bool) -> str:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Carded):
     """Baseline vs fixes on one workload: per-step times, throughput, memory, drift, verdicts."""
 
     workload: str
@@ -279,7 +271,7 @@ class Comparison:
             out.append(
                 [
                     a.label,
-                    _fmt_s(st.median_s) if st.n else "n/a",
+                    format_seconds(st.median_s, CELL) if st.n else "n/a",
                     spread,
                     throughput,
                     "baseline" if a.is_baseline else (str(a.speedup) if a.speedup else "n/a"),
@@ -370,9 +362,8 @@ class Comparison:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        body = html_grid(self.HEADER, self.rows())
-        facts = html_table(
+    def as_card(self) -> Card:
+        facts = Facts(
             [
                 ("hardware", self.hardware),
                 (
@@ -390,13 +381,16 @@ class Comparison:
                 ),
             ]
         )
-        extra = html_lines(f"skipped {label}: {why}" for label, why in self.skipped)
-        extra += html_lines(self.evidence_lines())
-        extra += html_lines(self.warnings(), "warning", prefix="WARNING: ")
-        extra += html_lines(self.notes, "note", prefix="note: ")
-        return card(
+        return Card(
             f"Comparison: {self.workload_description}",
-            body + facts + extra,
+            [
+                Grid(self.HEADER, self.rows()),
+                facts,
+                Lines([f"skipped {label}: {why}" for label, why in self.skipped]),
+                Lines(self.evidence_lines()),
+                Lines(self.warnings(), "warning", prefix="WARNING: "),
+                Lines(self.notes, "note", prefix="note: "),
+            ],
             subtitle=self.summary(),
         )
 

@@ -182,6 +182,7 @@ def _traced_estimate(
             other_peak, _ = traced_peak(workload, other, fixes, factory)
             per_sample = max(0, round((peak - other_peak) / (size - other)))
     stages.finish()
+    assert workload.model is not None  # owns_step: a Workload(model, ...)
     n_params = sum(p.numel() for p in workload.model.parameters())
     return MemoryEstimate(
         peak_bytes=int(peak),

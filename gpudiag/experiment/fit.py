@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
-from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.analysis.memory_estimate import MemoryEstimate, with_parallelism
 from gpudiag.errors import GpuDiagError
 from gpudiag.experiment.estimate import estimate_memory
@@ -46,7 +47,7 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
-class FitResult:
+class FitResult(Carded):
     """``gd.fit``'s answer: micro-batch, accumulation, the confirming step, the what-ifs."""
 
     workload: str
@@ -134,17 +135,16 @@ class FitResult:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        head = html_table(
+    def as_card(self) -> Card:
+        head = Facts(
             [
                 ("budget", f"{format_bytes(self.budget_bytes)} ({self.budget_source})"),
                 ("answer", self._summary()),
                 ("confirmed", "by a measured step" if self.confirmed else "estimate only"),
             ]
         )
-        grid = html_grid(("option", "fixes", "peak", "", "from"), self._rows())
-        notes = html_lines(self.notes, "note")
-        return card(f"What fits: {self.workload}", head + grid + notes)
+        grid = Grid(("option", "fixes", "peak", "", "from"), self._rows())
+        return Card(f"What fits: {self.workload}", [head, grid, Lines(self.notes, "note")])
 
 
 def default_budget(workload: Workload, system: SystemReport | None = None) -> tuple[int, str]:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from gpudiag import _views
 from gpudiag._deadline import user_code_failures
 from gpudiag._progress import ProgressFn, Stages, closed_on_error, resolve
-from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
+from gpudiag._report import jsonable
 from gpudiag._values import finite_number, whole_number
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.analysis.memory_estimate import CATEGORIES, MemoryEstimate
 from gpudiag.experiment.runner import Arm
 from gpudiag.experiment.step_limit import shared_limits
@@ -220,7 +221,7 @@ def cuda_oom(exc: BaseException, budget_bytes: int | None) -> OutOfMemory:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(Carded):
     """Measured memory of one training step, by category, with the estimate beside it."""
 
     workload: str
@@ -339,8 +340,8 @@ class MemoryReport:
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def _repr_html_(self) -> str:
-        head = html_table(
+    def as_card(self) -> Card:
+        head = Facts(
             [
                 (
                     "measured peak",
@@ -353,10 +354,10 @@ class MemoryReport:
                 ("source", self.timeline.source),
             ]
         )
-        grid = html_grid(("category at peak", "measured", "estimated"), self._rows())
-        oom = html_lines(self.oom.explain() if self.oom else [], "error")
-        notes = oom + html_lines((*self.explain_difference(), *self.notes), "note")
-        return card(f"Memory: {self.workload}", head + grid + notes)
+        grid = Grid(("category at peak", "measured", "estimated"), self._rows())
+        oom = Lines(self.oom.explain() if self.oom else [], "error")
+        notes = Lines([*self.explain_difference(), *self.notes], "note")
+        return Card(f"Memory: {self.workload}", [head, grid, oom, notes])
 
 
 def memory(
@@ -379,6 +380,11 @@ def memory(
     ``progress``: a bar naming each step as it runs (``True``), none (``False``), or a
     callback that gets a ``gpudiag._progress.Progress`` per step and ``finished`` at the end.
     """
+    if not isinstance(workload, Workload):
+        raise WorkloadError(
+            f"gd.memory takes a gd.Workload, got {type(workload).__name__}; for a config use "
+            "gd.estimate_memory"
+        )
     with user_code_failures("gd.memory"), shared_limits(workload):
         return _memory(workload, batch_size, fixes, estimate, budget, system, progress)
 
@@ -394,11 +400,6 @@ def _memory(
 ) -> MemoryReport:
     from gpudiag.experiment.estimate import estimate_memory
 
-    if not isinstance(workload, Workload):
-        raise WorkloadError(
-            f"gd.memory takes a gd.Workload, got {type(workload).__name__}; for a config use "
-            "gd.estimate_memory"
-        )
     chosen = tuple(Fix.coerce(f) for f in ((fixes,) if isinstance(fixes, (str, Fix)) else fixes))
     notes: list[str] = []
     budget_bytes = parse_budget(budget)

@@ -42,6 +42,7 @@ from typing import Any
 from gpudiag import _views
 from gpudiag._report import card, html_grid, html_lines, html_table, jsonable
 from gpudiag._values import finite_number, whole_number
+from gpudiag._views import Card, Carded, Facts
 from gpudiag.analysis.memory_estimate import (
     MemoryEstimate,
     MemoryEstimateError,
@@ -167,7 +168,7 @@ def resolve_model(model_or_config: Any) -> tuple[TransformerConfig, str]:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Carded):
     """One way to spread the step over the GPUs, costed; ``ruled_out`` says why it cannot run."""
 
     dp: int
@@ -240,9 +241,9 @@ class Layout:
             }
         )
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         if self.ruled_out:
-            return card(f"Layout {self.name}", html_table([("ruled out", self.ruled_out)]))
+            return Card(f"Layout {self.name}", [Facts([("ruled out", self.ruled_out)])])
         rows: list[tuple[object, object]] = [
             ("step (estimated)", _secs(self.step_s)),
             ("compute", _secs(self.compute_s)),
@@ -252,7 +253,7 @@ class Layout:
             ("micro-batch x micro-batches", f"{self.micro_batch} x {self.micro_batches}"),
             ("activation recomputation", self.checkpointing or "off"),
         ]
-        return card(f"Layout {self.name}", html_table(rows))
+        return Card(f"Layout {self.name}", [Facts(rows)])
 
     def __repr__(self) -> str:
         if self.ruled_out:

@@ -18,9 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudiag._deadline import deadline
+
+if TYPE_CHECKING:
+    from gpudiag.step import Workload
 
 FIRST_STEP_S = 300.0
 FACTOR = 10.0
@@ -38,8 +41,8 @@ class StepLimit:
     fallback: StepLimit | None = None
 
     @classmethod
-    def of(cls, workload: object) -> StepLimit:
-        return cls(fixed_s=getattr(workload, "step_timeout_s", None))
+    def of(cls, workload: Workload) -> StepLimit:
+        return cls(fixed_s=workload.step_timeout_s)
 
     def seconds(self, *, first: bool = False, steps: int = 1) -> float:
         """The limit for ``steps`` consecutive steps (``first``: they begin with a first step
@@ -95,7 +98,7 @@ _shared: contextvars.ContextVar[dict[bool, StepLimit] | None] = contextvars.Cont
 
 
 @contextmanager
-def shared_limits(workload: object) -> Iterator[None]:
+def shared_limits(workload: Workload) -> Iterator[None]:
     """Arms built inside the block share their step limits (unless one is given them): the
     first step measured anywhere in it limits the later ones."""
     if _shared.get() is not None:  # an enclosing measurement already shares them
@@ -111,7 +114,7 @@ def shared_limits(workload: object) -> Iterator[None]:
         _shared.reset(token)
 
 
-def limit_for(workload: object, *, fake: bool = False) -> StepLimit:
+def limit_for(workload: Workload, *, fake: bool = False) -> StepLimit:
     """The shared limit inside ``shared_limits``, else a new one for ``workload``."""
     shared = _shared.get()
     return shared[fake] if shared is not None else StepLimit.of(workload)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpudiag import _views
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Block, Card, Carded, Grid, Lines
 from gpudiag.errors import GpuDiagError
 from gpudiag.monitoring.buffer import SeriesRing
 from gpudiag.monitoring.feeds import Feed, Frame, NaMap
@@ -125,7 +126,7 @@ class SummaryRow:
 
 
 @dataclass(frozen=True, slots=True)
-class MonitorSummary:
+class MonitorSummary(Carded):
     """Percentiles per series over what the monitor holds, plus the throttling it saw."""
 
     label: str
@@ -246,16 +247,12 @@ class MonitorSummary:
             f"{self.duration_s:.1f} s at {self.interval_s:g} s"
         )
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         header, rows = self._table()
-        body = html_grid(header, rows) if rows else "<div>no metric had a value</div>"
-        notes = "".join(
-            f"<div style='opacity:.75;margin-top:4px'>{esc(line)}</div>"
-            for line in self._footnotes()
-        )
-        body += notes
+        table = Grid(header, rows) if rows else Lines(["no metric had a value"])
+        blocks: list[Block] = [table, Lines(self._footnotes(), "note")]
         if self.throttle_events:
-            events = html_grid(
+            events = Grid(
                 ["device", "throttled since", "for", "reasons"],
                 [
                     [
@@ -267,8 +264,8 @@ class MonitorSummary:
                     for e in self.throttle_events
                 ],
             )
-            body += "<div style='margin-top:6px;font-weight:600'>Throttling</div>" + events
-        return card(self._title(), body)
+            blocks += [Lines(["Throttling"], "heading"), events]
+        return Card(self._title(), blocks)
 
     def __repr__(self) -> str:
         lines = [self._title()]
@@ -335,7 +332,7 @@ def stop_active() -> bool:
     return True
 
 
-class Monitor:
+class Monitor(Carded):
     """Samples a feed every ``interval`` seconds on a background thread.
 
     Memory is bounded: ``history_s`` of rows are kept (a ring), whatever the run length.
@@ -826,15 +823,16 @@ class Monitor:
             text += f"; error: {self.error}"
         return text
 
-    def _repr_html_(self) -> str:
-        notes = "".join(f"<div style='opacity:.8'>{esc(n)}</div>" for n in self.notes)
-        stats = self.stats()
-        body = (
-            f"<div>{esc(self.status_line())}</div>{notes}"
-            f"<div style='opacity:.7'>{int(stats['ticks'])} ticks; m.samples(), m.summary(), "
-            "m.stop()</div>"
+    def as_card(self) -> Card:
+        ticks = int(self.stats()["ticks"])
+        return Card(
+            "gpudiag monitor",
+            [
+                Lines([self.status_line()]),
+                Lines(self.notes, "note"),
+                Lines([f"{ticks} ticks; m.samples(), m.summary(), m.stop()"], "note"),
+            ],
         )
-        return card("gpudiag monitor", body)
 
     def __repr__(self) -> str:
         return f"<Monitor {self.status_line()}>"

@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudiag._report import card, esc, html_grid, jsonable
+from gpudiag._report import jsonable
+from gpudiag._views import Card, Carded, Grid, Lines
 from gpudiag.probe.backend import Backend, NullBackend
 from gpudiag.probe.model import GpuInfo, GpuState
 from gpudiag.probe.nvml import NvmlSession
 from gpudiag.probe.readings import Reading, Status, na, ok
+from gpudiag.units import GIB, format_bytes
 
 _MIB = 1 << 20
 CPU_WINDOW_S = 0.2
@@ -88,7 +90,7 @@ class GpuUse:
 
 
 @dataclass(frozen=True)
-class ProcessReport:
+class ProcessReport(Carded):
     """The GPU processes of this machine (or of a recording), one row per process and GPU."""
 
     source: str
@@ -164,21 +166,19 @@ class ProcessReport:
         out.extend(self._lines_below())
         return "\n".join(line.rstrip() for line in out)
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         header, rows = self._table()
-        body = html_grid(header, rows) if rows else "<div>no GPU process listed</div>"
-        body += "".join(
-            f"<div style='opacity:.8;margin-top:3px'>{esc(line)}</div>"
-            for line in self._lines_below()
-        )
-        return card(self._title(), body)
+        table = Grid(header, rows) if rows else Lines(["no GPU process listed"])
+        return Card(self._title(), [table, Lines(self._lines_below(), "note")])
 
 
 def _bytes(r: Reading[Any]) -> str:
     if not r.ok or r.value is None:
         return "N/A"
     value = float(r.value)
-    return f"{value / (1 << 30):.2f} GiB" if value >= 1 << 30 else f"{value / _MIB:.0f} MiB"
+    if value >= GIB:
+        return format_bytes(value, ".2f", unit="GiB")
+    return format_bytes(value, ".0f", unit="MiB")
 
 
 def _pct(r: Reading[Any]) -> str:

@@ -21,14 +21,12 @@ from gpudiag.probe.model import DriverInfo, Gpu, GpuInfo, HostInfo, record_from_
 from gpudiag.probe.readings import Reading, ok
 from gpudiag.probe.replay import SNAPSHOT_FORMAT, SNAPSHOT_VERSION, ReplayBackend
 from gpudiag.probe.topology import Topology, load_topology
-
-_GIB = float(1 << 30)
-_MIB = float(1 << 20)
+from gpudiag.units import format_bytes
 
 
 def _mib(reading: Reading[Any], *, short: bool = False) -> str:
     if reading.ok:
-        return f"{reading.get(0) / _MIB:,.0f} MiB"
+        return format_bytes(reading.get(0), ",.0f", unit="MiB")
     return "N/A" if short else reading.display()
 
 
@@ -39,7 +37,7 @@ def _program(command: str) -> str:
 
 
 def _gib(reading: Reading[Any]) -> str:
-    return f"{reading.get(0) / _GIB:.1f} GiB" if reading.ok else reading.display()
+    return format_bytes(reading.get(0), ".1f", unit="GiB") if reading.ok else reading.display()
 
 
 def enrich_from_specs(info: GpuInfo) -> GpuInfo:
@@ -319,7 +317,7 @@ def _flags(gpu: Gpu) -> list[str]:
 def _memory(gpu: Gpu) -> str:
     used, total = gpu.state.memory_used_bytes, gpu.info.memory_total_bytes
     if used.ok and total.ok:
-        return f"{used.get(0) / _MIB:,.0f} MiB / {total.get(0) / _GIB:.1f} GiB"
+        return f"{_mib(used)} / {_gib(total)}"
     return f"{used.display()} / {_gib(total)}"
 
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from gpudiag._files import read_bytes
-from gpudiag._report import card, html_grid, html_lines, html_table
+from gpudiag._views import Card, Carded, Facts, Grid, Lines
 from gpudiag.errors import GpuDiagError, RecipeError
 from gpudiag.fixes import AppliedFixes, Fix, FixKind, Observation, apply_fixes, check_conflicts
 from gpudiag.fixes.environment import nccl_refusal
@@ -147,7 +147,7 @@ RecipeFix = Fix
 RecipeEntry = Annotated[Fix, BeforeValidator(_entry)]
 
 
-class Recipe(BaseModel):
+class Recipe(Carded, BaseModel):
     """Fixes that worked, as data: ``gd.Recipe.load(path).apply(model, optimizer=...)``.
 
     Versioned (``schema_version``); saved as YAML or JSON and loaded with a safe loader;
@@ -520,20 +520,20 @@ class Recipe(BaseModel):
     def __str__(self) -> str:
         return self.__repr__()
 
-    def _repr_html_(self) -> str:
+    def as_card(self) -> Card:
         rows = [
             [f.label, f.kind.value, f.evidence.summary() if f.evidence else "none"]
             for f in self.fixes
         ]
-        facts = html_table(
+        facts = Facts(
             [
                 ("schema", self.schema_version),
                 ("workload", self.workload or ""),
                 ("measured on", self.hardware or ""),
             ]
         )
-        notes = html_lines(self.notes, "note", prefix="note: ")
-        return card("gpudiag recipe", html_grid(("fix", "kind", "evidence"), rows) + facts + notes)
+        notes = Lines(self.notes, "note", prefix="note: ")
+        return Card("gpudiag recipe", [Grid(("fix", "kind", "evidence"), rows), facts, notes])
 
 
 def _one_line(text: str) -> str:

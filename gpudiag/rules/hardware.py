@@ -21,6 +21,7 @@ from gpudiag.rules.finding import Evidence, Finding, FixRef, NotEvaluated, Sever
 
 if TYPE_CHECKING:
     from gpudiag.rules.evidence import Samples
+    from gpudiag.step import Workload
 
 CATEGORY = "hardware"
 
@@ -685,9 +686,9 @@ def memory_headroom_unused(evidence: EvidenceBundle) -> Iterator[Finding]:
         )
 
 
-def _bigger_batch(workload: Any) -> FixRef | None:
+def _bigger_batch(workload: Workload | None) -> FixRef | None:
     """``batch.size`` at twice the workload's batch, when gpudiag steps it (a trial can try it)."""
-    if workload is None or not getattr(workload, "owns_step", False):
+    if workload is None or not workload.owns_step:
         return None
     batch = workload.samples_per_step()
     return FixRef("batch.size", {"micro_batch": 2 * batch}) if batch else None

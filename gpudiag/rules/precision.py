@@ -22,6 +22,8 @@ from gpudiag.rules.finding import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from gpudiag.analysis.trace.report import TraceReport
 
 CATEGORY = "precision"
@@ -254,7 +256,7 @@ def _fp32_matmuls(
     return chosen, (sum(flops(c) for c in chosen) / total if total else 0.0)
 
 
-def _fp32_params(model: Any) -> bool:
+def _fp32_params(model: torch.nn.Module | None) -> bool:
     import torch
 
     params = list(model.parameters()) if model is not None else []
@@ -330,7 +332,7 @@ def _measured_since(finding: Finding, workload: Any) -> Finding:
 def cpu_fp32_with_bf16(evidence: EvidenceBundle) -> Iterator[Finding]:
     """An fp32 workload on a CPU where bf16 matmuls were measured faster than fp32."""
     workload = evidence.workload_given
-    if workload.device_type != "cpu" or not _fp32_params(getattr(workload, "model", None)):
+    if workload.device_type != "cpu" or not _fp32_params(workload.model):
         return
     reduced = _reduced_precision_matmul_share(evidence.trace)
     if reduced is not None and reduced >= 0.5:
