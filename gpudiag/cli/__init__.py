@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "record",
     "memory",
     "plan",
+    "tune",
 )
 # Under torchrun these run on every rank and rank 0 prints one merged answer.
 ON_EVERY_RANK: tuple[str, ...] = ("inspect", "bench")

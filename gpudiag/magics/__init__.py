@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "recipe",
     "memory",
     "plan",
+    "tune",
 )
 
 
