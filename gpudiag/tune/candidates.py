@@ -62,12 +62,14 @@ def from_evidence(
     fixes: Sequence[Fix | str] | None = None,
     memory_budget: int | None = None,
     tried: Iterable[Fix] = (),
+    from_workload: bool = True,
 ) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """The candidates (one fix each, values expanded) and the skipped ones with the reason.
 
     ``fixes``: the user's set (narrows: only these ids, expanded where given without values;
     extends: ids no evidence pointed to are tried too). ``tried``: fixes already measured
-    (a resumed search), left out.
+    (a resumed search), left out. ``from_workload`` False: the diagnosis' fixes only (a
+    re-diagnosis of the best arm).
     """
     wanted: list[tuple[Fix, str]] = []
     if fixes is not None:
@@ -76,7 +78,9 @@ def from_evidence(
             wanted.append((fix, "asked for (fixes=)"))
     else:
         wanted += _from_diagnosis(diagnosis)
-        wanted += _from_workload(workload, diagnosis, device_type, system)
+        if from_workload:
+            wanted += _from_workload(workload, diagnosis, device_type, system)
+            wanted += _when_memory_binds(workload, memory_budget)
     out: list[Candidate] = []
     skipped: list[tuple[str, str]] = []
     done = set(tried)
@@ -137,6 +141,27 @@ def _from_workload(
     return out
 
 
+def _when_memory_binds(workload: Workload, memory_budget: int | None) -> list[tuple[Fix, str]]:
+    """Activation checkpointing when the estimated peak at the workload's batch is over the
+    memory budget (only with a budget: without one, memory does not bind a throughput search)."""
+    if memory_budget is None or workload.model is None or not workload.owns_step:
+        return []
+    from gpudiag.analysis.memory_estimate import format_bytes
+
+    try:
+        from gpudiag.experiment.estimate import estimate_memory
+
+        peak = estimate_memory(workload, progress=False).peak_bytes
+    except Exception:  # the traced estimate could not trace this model: nothing to say
+        return []
+    if peak <= memory_budget:
+        return []
+    why = (
+        f"memory: estimated peak {format_bytes(peak)} over the budget {format_bytes(memory_budget)}"
+    )
+    return [(Fix("activation.checkpointing"), why)]
+
+
 def _values(
     fix: Fix,
     workload: Workload,
@@ -167,7 +192,7 @@ def _batch_sizes(
     fits = _memory_filter(workload, sizes, memory_budget)
     for size, why in fits.items():
         if why:
-            skipped.append((f"batch.size=micro_batch={size}", why))
+            skipped.append((Fix("batch.size", micro_batch=size).label, why))
     return [Fix("batch.size", micro_batch=s) for s in sizes if not fits.get(s)]
 
 
@@ -175,6 +200,8 @@ def _memory_filter(
     workload: Workload, sizes: list[int], memory_budget: int | None
 ) -> dict[int, str]:
     """size -> why it does not fit ("" when it does, or when no estimate could tell)."""
+    from gpudiag.analysis.memory_estimate import format_bytes
+
     try:
         from gpudiag.experiment.estimate import estimate_memory
         from gpudiag.experiment.fit import default_budget
@@ -190,8 +217,8 @@ def _memory_filter(
         peak = estimate.at_batch(size)
         limit = int(budget * BATCH_MEMORY_SHARE)
         out[size] = (
-            f"its estimated peak {peak / 2**20:,.0f} MiB is over {BATCH_MEMORY_SHARE:.0%} of "
-            f"the memory budget ({budget / 2**20:,.0f} MiB)"
+            f"its estimated peak {format_bytes(peak)} is over {BATCH_MEMORY_SHARE:.0%} of "
+            f"the memory budget ({format_bytes(budget)}, traced estimate)"
             if peak > limit
             else ""
         )

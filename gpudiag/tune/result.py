@@ -135,7 +135,7 @@ class SearchState:
     race_speedup: dict[str, float] = field(default_factory=dict)  # label -> race estimate
     incumbent: TunedArm | None = None
     incumbent_comparison: Comparison | None = None
-    rediagnosed: bool = False
+    rediagnosed: str = ""  # the label of the arm last re-diagnosed
     stages: int = 0
     tried: set[Fix] = field(default_factory=set)
     elapsed_s: float = 0.0
@@ -143,7 +143,7 @@ class SearchState:
     @property
     def done(self) -> bool:
         return not (self.pending or (self.promising and not self.reraced) or self.remaining) and (
-            self.rediagnosed or self.incumbent is None
+            self.incumbent is None or self.rediagnosed == self.incumbent.label
         )
 
     def open_work(self) -> list[str]:
@@ -157,7 +157,7 @@ class SearchState:
             out.append(
                 f"combine {self.incumbent.label} with " + ", ".join(c.label for c in self.remaining)
             )
-        if self.incumbent is not None and not self.rediagnosed:
+        if self.incumbent is not None and self.rediagnosed != self.incumbent.label:
             out.append(f"re-diagnose {self.incumbent.label}")
         return out
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from gpudiag._progress import ProgressFn, finish, report, resolve
+from gpudiag._progress import ProgressFn, resolve
 from gpudiag.analysis.verdict import FASTER, NOT_APPLIED, UNDECIDED, VerdictPlan, judge
 from gpudiag.errors import ArgumentError, FixConflictError, GpuDiagError
 from gpudiag.experiment.compare import ArmResult, Comparison, compare
@@ -218,6 +218,7 @@ class _Search:
         # warm-up, proof, compilation), learned from the last one; a guess until then.
         self.overhead_per_arm: float | None = None
         self.round_s_per_arm: float | None = None
+        self.slow_first_s = 0.0
         self.state = SearchState()
         if resume is not None:
             self._resume(resume)
@@ -233,8 +234,6 @@ class _Search:
             while not self.state.done:
                 if not self._next_stage():
                     break
-        if self.progress is not None:
-            finish(self.progress, "tune")
         return self._result()
 
     def _next_stage(self) -> bool:
@@ -245,8 +244,9 @@ class _Search:
         if st.remaining and st.incumbent is not None:
             return self._combine()
         if st.promising and not st.reraced:
-            return self._race(self._halve(st.promising), rounds=2 * RACE_ROUNDS, rerace=True)
-        if st.incumbent is not None and not st.rediagnosed:
+            picked = self._halve(st.promising)
+            return self._race(picked, rounds=2 * RACE_ROUNDS, rerace=True) if picked else True
+        if st.incumbent is not None and st.rediagnosed != st.incumbent.label:
             return self._rediagnose()
         st.remaining.clear()
         return False
@@ -255,13 +255,16 @@ class _Search:
     def _left(self) -> float:
         return self.deadline - self.wall()
 
-    def _fits(self, n_arms: int, looks_at: int, what: str) -> float | None:
-        """Seconds for the timed rounds of a comparison of ``n_arms`` arms (the baseline
-        besides), or None (and ``what`` noted as not reached) when its overheads and first
-        look would not fit what is left of the budget (+ OVERRUN)."""
+    def _fits(self, arms: Sequence[Sequence[Fix]], looks_at: int, what: str) -> float | None:
+        """Seconds for the timed rounds of a comparison of ``arms`` (the baseline besides),
+        or None (and ``what`` noted as not reached) when its overheads (per arm, and the first
+        step of each arm that compiles or captures) and its first look would not fit what is
+        left of the budget (+ OVERRUN)."""
+        n = len(arms) + 1
         left = self._left() + OVERRUN * self.budget_s * 0.5
-        overhead = (self.overhead_per_arm or 0.0) * (n_arms + 1)
-        rounds_s = (self.round_s_per_arm or 0.0) * (n_arms + 1) * looks_at
+        slow = sum(1 for a in arms if any(f.spec.slow_first_step for f in a))
+        overhead = (self.overhead_per_arm or 0.0) * n + self.slow_first_s * slow
+        rounds_s = (self.round_s_per_arm or 0.0) * n * looks_at
         if overhead + rounds_s > left:
             need = overhead + rounds_s
             self.stopped = (
@@ -272,10 +275,17 @@ class _Search:
         return max(0.5, self._left() - overhead)
 
     def _learn(self, c: Comparison, took_s: float) -> None:
-        """Overheads per arm and seconds per arm-round, from a comparison that took
-        ``took_s`` on the search's clock (the one its timed rounds used)."""
+        """Overheads per arm, the first step of an arm that compiles or captures, and seconds
+        per arm-round, from a comparison that took ``took_s`` on the search's clock."""
         n = len(c.arms) + 1
-        self.overhead_per_arm = max(0.0, took_s - c.measuring_s) / n
+        firsts = [
+            a.first_step_s or 0.0
+            for a in c.arms
+            if any(f.spec.slow_first_step for f in a.fixes) and a.error is None
+        ]
+        if firsts:
+            self.slow_first_s = max(firsts)
+        self.overhead_per_arm = max(0.0, took_s - c.measuring_s - sum(firsts)) / n
         if c.rounds:
             self.round_s_per_arm = c.measuring_s / c.rounds / n
 
@@ -288,10 +298,17 @@ class _Search:
         if diagnosis is True:
             from gpudiag.doctor import diagnose
 
-            report(self.progress, "tune", 0, 4, "diagnosing")
             self.diagnosis = diagnose(self.workload, system=self.system, progress=False)
         elif diagnosis is not False:
             self.diagnosis = diagnosis
+        timed = self.diagnosis.step_time if self.diagnosis is not None else None
+        if timed is not None and timed.seconds:
+            # Until a comparison says: about ten steps per arm outside the timed rounds (drift,
+            # memory, warm-up, proof), and a round of at least one step per arm.
+            self.overhead_per_arm = 10 * timed.seconds
+            self.round_s_per_arm = max(
+                float(self.protocol.get("min_sample_s", 0.05)), timed.seconds
+            )
         self.candidates, skipped = from_evidence(
             self.workload,
             self.diagnosis,
@@ -304,8 +321,9 @@ class _Search:
         self.state.pending = list(self.candidates)
         self.state.stages += 1
         found = "; ".join(f"{c.label} ({c.source})" for c in self.candidates) or "none"
+        name = "diagnose" if self.diagnosis is not None else "candidates"
         self.stages.append(
-            Stage(self.state.stages, "diagnose", self.wall() - t0, note=f"candidates: {found}")
+            Stage(self.state.stages, name, self.wall() - t0, note=f"candidates: {found}")
         )
         if not self.candidates:
             self.notes.append(
@@ -334,13 +352,13 @@ class _Search:
         st = self.state
         name = "race again" if rerace else "race"
         control = [] if rerace else [Fix(CONTROL_ID)]
-        n = len(cands) + len(control)
-        budget = self._fits(n, 5, f"{name}: {', '.join(c.label for c in cands)}")
+        arms = [[f] for f in control] + [[x.fix] for x in cands]
+        alpha = self._stage_alpha()
+        first = _first_look(1.0 - alpha, rounds)
+        budget = self._fits(arms, first, f"{name}: {', '.join(c.label for c in cands)}")
         if budget is None:
             return False
-        alpha = self._stage_alpha()
         t0 = self.wall()
-        report(self.progress, "tune", 1, 4, f"{name}: {n} arms")
         c = self._compare([*control, *(x.fix for x in cands)], alpha, rounds, budget * 0.6)
         self._learn(c, self.wall() - t0)
         st.stages += 1
@@ -392,14 +410,18 @@ class _Search:
         if st.incumbent is not None:
             won |= {f.spec.group or f.id for f in st.incumbent.fixes}
         index, name = st.stages, "race"
-        keep = []
-        for cand in promising:
-            if (cand.fix.spec.group or cand.fix.id) in won:
+        keep: list[Candidate] = []
+        ranked = sorted(promising, key=lambda x: st.race_speedup.get(x.label, 0.0), reverse=True)
+        for cand in ranked:
+            group = cand.fix.spec.group or cand.fix.id
+            if group in won:
                 why = "undecided, and another value of the same fix was faster"
+                self._drop_unmeasured(index, name, cand.label, why)
+            elif any((k.fix.spec.group or k.fix.id) == group for k in keep):
+                why = "undecided, and another value of the same fix had a higher estimate"
                 self._drop_unmeasured(index, name, cand.label, why)
             else:
                 keep.append(cand)
-        keep.sort(key=lambda x: st.race_speedup.get(x.label, 0.0), reverse=True)
         half = max(1, math.ceil(len(keep) / 2)) if keep else 0
         for cand in keep[half:]:
             self._drop_unmeasured(
@@ -466,12 +488,12 @@ class _Search:
         if not challengers:
             return True
         what = f"combine {inc.label} with {', '.join(c.label for c, _ in challengers)}"
-        budget = self._fits(len(challengers) + 1, 10, what)
+        alpha = self._stage_alpha()
+        first = _first_look(1.0 - alpha / 2, COMBINE_ROUNDS)
+        budget = self._fits([inc.fixes, *(combo for _, combo in challengers)], first, what)
         if budget is None:
             return False
-        alpha = self._stage_alpha()
         t0 = self.wall()
-        report(self.progress, "tune", 2, 4, what)
         c = self._compare(
             [list(inc.fixes), *(list(combo) for _, combo in challengers)],
             alpha / 2,
@@ -552,8 +574,7 @@ class _Search:
             )
             return False
         t0 = self.wall()
-        report(self.progress, "tune", 3, 4, f"re-diagnosing {inc.label}")
-        st.rediagnosed = True
+        st.rediagnosed = inc.label
         st.stages += 1
         note = ""
         try:
@@ -572,8 +593,8 @@ class _Search:
                 found,
                 system=self.system,
                 device_type=self.device_type,
-                fixes=list(found.recommended()),
                 tried={*st.tried, *inc.fixes},
+                from_workload=False,
             )
             ids = {f.id for f in inc.fixes}
             new = [x for x in new if x.fix.id not in ids]
@@ -737,6 +758,15 @@ def _registered_control(registered: Any, spec: Any) -> Iterator[None]:
             yield
         return
     yield
+
+
+def _first_look(confidence: float, rounds: int) -> int:
+    """The round of the first planned look of a comparison at ``confidence`` (tune's
+    protocol): no verdict can come earlier."""
+    min_rounds = max(5, _fewest(confidence))
+    plan = VerdictPlan(min_rounds=min_rounds, max_rounds=max(min_rounds, rounds),
+                       confidence=confidence)  # fmt: skip
+    return plan.first_look
 
 
 def _fewest(confidence: float) -> int:

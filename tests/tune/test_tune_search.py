@@ -181,3 +181,48 @@ def test_conflicts_are_declared_on_the_specs() -> None:
     with pytest.raises(FixConflictError, match="both capture CUDA graphs"):
         check_conflicts([Fix("compile", mode="reduce-overhead"), Fix("cuda.graphs")])
     check_conflicts([Fix("compile", mode="default"), Fix("cuda.graphs")])
+
+
+def test_an_undecided_arm_never_becomes_best(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any
+) -> None:
+    # Very noisy steps and a budget that ends the race before its first planned look: the
+    # estimates say "faster", the evidence does not yet.
+    wl = fake_step(fake_clock, noise=0.9, seed=3)
+    r = tune(
+        wl, fixes=["test.trim"], system=bf16_cpu, clock=fake_clock, progress=False,
+        diagnosis=False, measure_memory=False, steps_per_sample=1, time_budget_s=0.25,
+    )  # fmt: skip
+    trim = [a for a in r.history if a.label == "test.trim"]
+    assert trim
+    assert all(a.verdict == "undecided" for a in trim if a.verdict)
+    assert r.best.is_baseline
+    assert all(a.status != BEST for a in r.history)
+
+
+def test_the_best_arm_is_re_diagnosed_and_its_advice_combined(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpudiag.rules.engine import Diagnosis
+    from gpudiag.rules.finding import Finding, Severity
+
+    seen: list[tuple[str, ...]] = []
+
+    def diagnose_arm(workload: Any, fixes: Any, system: Any, device_type: str) -> Diagnosis:
+        seen.append(tuple(f.label for f in fixes))
+        finding = Finding(
+            "fake.next", Severity.MEDIUM, "fake", "the next bottleneck",
+            fix=Fix("test.trim"), rule="fake.next",
+        )  # fmt: skip
+        return Diagnosis(findings=(finding,), not_evaluated=(), evaluated=())
+
+    monkeypatch.setattr("gpudiag.tune.search._diagnose_arm", diagnose_arm)
+    r = run(fake_clock, bf16_cpu, ["test.halve"])
+    # The race's best is re-diagnosed; what it recommends is combined with it and measured;
+    # the new best is re-diagnosed in turn, and with nothing new to try the search ends.
+    assert seen == [("test.halve",), ("test.halve", "test.trim")]
+    assert r.best.label == "test.halve+test.trim"
+    assert r.best.source == "diagnosis: fake.next"
+    assert r.next_bottleneck == ("fake.next: the next bottleneck",)
+    assert [s.name for s in r.stages].count("re-diagnose") == 2
+    assert r.finished
