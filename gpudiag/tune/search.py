@@ -696,11 +696,14 @@ class _Search:
         self.stages = list(previous.stages)
         self.skipped = list(previous.skipped)
         self.candidates = list(previous.candidates)
-        self.notes = [*previous.notes, f"resumed after {previous.elapsed_s:.0f} s"]
+        self.notes = [
+            *(n for n in previous.notes if not n.startswith("the budget ran out")),
+            f"resumed a search that had run {previous.elapsed_s:.0f} s; the time and budget "
+            "above are this run's",
+        ]
         self.warnings = list(previous.warnings)
         self.diagnosis = previous.diagnosis
         self.next_bottleneck = previous.next_bottleneck
-        self.started -= previous.elapsed_s  # elapsed_s counts both runs; the budget is new
 
     def _result(self) -> TuneResult:
         st = self.state

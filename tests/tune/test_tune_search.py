@@ -134,6 +134,8 @@ def test_the_budget_is_honoured_and_what_is_left_resumes(
     )  # fmt: skip
     assert {f.id for f in again.best.fixes} == {"test.halve", "test.trim"}
     assert again.finished
+    assert not any("budget ran out" in n for n in again.notes)
+    assert any(n.startswith("resumed a search") for n in again.notes)
     # The resumed search keeps the first one's history and does not race its arms again.
     assert [a.label for a in again.history[: len(first.history)]] == [
         a.label for a in first.history
