@@ -125,6 +125,9 @@ class FixSpec:
     # Its first step compiles or captures (minutes, not milliseconds): a trial gives that step
     # the long first-step limit (gpudiag.experiment.step_limit) instead of 10x the baseline's.
     slow_first_step: ClassVar[bool] = False
+    # Measured only across ranks (gd.compare(..., nproc=N): a DDP baseline), never beside the
+    # one-process arms of a search.
+    multi_rank: ClassVar[bool] = False
 
     def captures_graphs(self, params: Mapping[str, Any]) -> bool:
         """Whether the fix records CUDA graphs of the step (two capturers cannot nest)."""

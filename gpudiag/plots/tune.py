@@ -17,6 +17,7 @@ _STATUS_COLORS = {
     "raced again": "#9d9d9d",
     "dropped": "#e45756",
     "A/A control": "#bab0ac",
+    "on ranks": "#b279a2",
 }
 
 

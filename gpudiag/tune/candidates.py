@@ -63,13 +63,16 @@ def from_evidence(
     memory_budget: int | None = None,
     tried: Iterable[Fix] = (),
     from_workload: bool = True,
+    nproc: int | None = None,
 ) -> tuple[list[Candidate], list[tuple[str, str]]]:
     """The candidates (one fix each, values expanded) and the skipped ones with the reason.
 
     ``fixes``: the user's set (narrows: only these ids, expanded where given without values;
     extends: ids no evidence pointed to are tried too). ``tried``: fixes already measured
     (a resumed search), left out. ``from_workload`` False: the diagnosis' fixes only (a
-    re-diagnosis of the best arm).
+    re-diagnosis of the best arm). ``nproc``: fixes measured across ranks (``FixSpec.
+    multi_rank``, fsdp.wrap) are candidates for the multi-rank trial, not skipped as needing a
+    process group; ``fsdp.wrap`` is one when the workload has a model.
     """
     wanted: list[tuple[Fix, str]] = []
     if fixes is not None:
@@ -81,6 +84,8 @@ def from_evidence(
         if from_workload:
             wanted += _from_workload(workload, diagnosis, device_type, system)
             wanted += _when_memory_binds(workload, memory_budget)
+    if nproc is not None and from_workload and fixes is None and workload.model is not None:
+        wanted.append((Fix("fsdp.wrap"), f"nproc={nproc}: DDP against FSDP on {nproc} ranks"))
     out: list[Candidate] = []
     skipped: list[tuple[str, str]] = []
     done = set(tried)
@@ -90,7 +95,17 @@ def from_evidence(
             if value in seen or value in done:
                 continue
             seen.add(value)
-            why = _why_not(value, workload, system, device_type)
+            if value.spec.multi_rank:
+                why = (
+                    ""
+                    if nproc is not None
+                    else (
+                        f"{value.label} is measured across ranks: gd.tune(..., nproc=N) or "
+                        f"gd.compare(workload, [{value.label!r}], nproc=N)"
+                    )
+                )
+            else:
+                why = _why_not(value, workload, system, device_type)
             if why:
                 skipped.append((value.label, why))
             else:

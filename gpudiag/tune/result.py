@@ -31,6 +31,7 @@ WINNER = "winner"  # faster than the baseline alone; waiting to be combined, or 
 DROPPED = "dropped"  # out of the search, with the reason
 CONTROL = "A/A control"  # the control arm: shows the test's false-verdict rate, never kept
 RERACED = "raced again"  # undecided with an estimate above 1: given more rounds
+MULTI_RANK = "on ranks"  # measured across ranks against DDP: beside the search, never best
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class SearchState:
 
     pending: list[Candidate] = field(default_factory=list)  # not raced yet
     promising: list[Candidate] = field(default_factory=list)  # undecided, worth more rounds
+    multi_rank: list[Candidate] = field(default_factory=list)  # for the N-rank trial
     reraced: bool = False
     remaining: list[Candidate] = field(default_factory=list)  # winners not combined yet
     race_speedup: dict[str, float] = field(default_factory=dict)  # label -> race estimate
@@ -142,7 +144,8 @@ class SearchState:
 
     @property
     def done(self) -> bool:
-        return not (self.pending or (self.promising and not self.reraced) or self.remaining) and (
+        busy = self.pending or (self.promising and not self.reraced) or self.remaining
+        return not (busy or self.multi_rank) and (
             self.incumbent is None or self.rediagnosed == self.incumbent.label
         )
 
@@ -159,6 +162,8 @@ class SearchState:
             )
         if self.incumbent is not None and self.rediagnosed != self.incumbent.label:
             out.append(f"re-diagnose {self.incumbent.label}")
+        if self.multi_rank:
+            out.append("the multi-rank trial of " + ", ".join(c.label for c in self.multi_rank))
         return out
 
 
@@ -311,6 +316,7 @@ __all__ = [
     "BEST",
     "CONTROL",
     "DROPPED",
+    "MULTI_RANK",
     "RERACED",
     "WINNER",
     "Stage",

@@ -52,6 +52,7 @@ from gpudiag.tune.result import (
     BEST,
     CONTROL,
     DROPPED,
+    MULTI_RANK,
     RERACED,
     WINNER,
     SearchState,
@@ -112,11 +113,8 @@ def tune(
         raise ArgumentError(
             f"objective {objective!r} is not supported: tune measures {', '.join(OBJECTIVES)}"
         )
-    if nproc is not None:
-        raise GpuDiagError(
-            "tune runs its arms in one process; multi-rank fixes (fsdp.wrap) are measured with "
-            "gd.compare(workload, ['fsdp.wrap'], nproc=N)"
-        )
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2):
+        raise ArgumentError(f"nproc must be a whole number of ranks, 2 or more; got {nproc!r}")
     if not (isinstance(time_budget_s, (int, float)) and math.isfinite(time_budget_s)) or (
         time_budget_s <= 0
     ):
@@ -159,6 +157,7 @@ def tune(
         clock=clock,
         protocol=protocol,
         resume=resume,
+        nproc=nproc,
     )
     return search.run(diagnosis)
 
@@ -184,8 +183,10 @@ class _Search:
         clock: Callable[[], float] | None,
         protocol: dict[str, Any],
         resume: TuneResult | None,
+        nproc: int | None = None,
     ) -> None:
         self.workload = workload
+        self.nproc = nproc
         self.budget_s = budget_s
         self.memory_budget = memory_budget
         self.fixes = fixes
@@ -248,6 +249,8 @@ class _Search:
             return self._race(picked, rounds=2 * RACE_ROUNDS, rerace=True) if picked else True
         if st.incumbent is not None and st.rediagnosed != st.incumbent.label:
             return self._rediagnose()
+        if st.multi_rank:
+            return self._multi_rank()
         st.remaining.clear()
         return False
 
@@ -316,9 +319,11 @@ class _Search:
             device_type=self.device_type,
             fixes=self.fixes,
             memory_budget=self.memory_budget,
+            nproc=self.nproc,
         )
         self.skipped += skipped
-        self.state.pending = list(self.candidates)
+        self.state.pending = [c for c in self.candidates if not c.fix.spec.multi_rank]
+        self.state.multi_rank = [c for c in self.candidates if c.fix.spec.multi_rank]
         self.state.stages += 1
         found = "; ".join(f"{c.label} ({c.source})" for c in self.candidates) or "none"
         name = "diagnose" if self.diagnosis is not None else "candidates"
@@ -606,6 +611,49 @@ class _Search:
         self.stages.append(Stage(st.stages, "re-diagnose", self.wall() - t0, note=note))
         return True
 
+    def _multi_rank(self) -> bool:
+        """The fixes measured across ranks (fsdp.wrap): one trial on ``nproc`` ranks against
+        its own DDP baseline. Reported beside the search, never combined with its arms and
+        never ``best`` (a different baseline)."""
+        st = self.state
+        cands = st.multi_rank
+        left = self._left() + OVERRUN * self.budget_s * 0.5
+        if left <= 0:
+            self.stopped = f"the budget ran out before: the {self.nproc}-rank trial"
+            return False
+        st.multi_rank = []
+        st.stages += 1
+        index, name = st.stages, f"{self.nproc} ranks"
+        t0 = self.wall()
+        try:
+            c = compare(
+                self.workload, [x.fix for x in cands], nproc=self.nproc,
+                seed=self.seed + index, confidence=1.0 - self._stage_alpha(),
+                progress=self.progress or False, timeout_s=max(30.0, left),
+            )  # fmt: skip
+        except GpuDiagError as exc:
+            for cand in cands:
+                self._drop_unmeasured(index, name, cand.label, f"not measured on ranks: {exc}")
+            self.stages.append(Stage(index, name, self.wall() - t0, note=str(exc)))
+            return True
+        for label, why in c.skipped:
+            self._drop_unmeasured(index, name, label, f"skipped: {why}")
+        for cand in cands:
+            arm = _arm_of(c, (cand.fix,))
+            if arm is None:
+                continue
+            why = self._why_dropped(c, arm)
+            reason = why or (
+                f"{arm.verdict} against DDP on {self.nproc} ranks: its own baseline, so it is "
+                "not combined with the one-process arms"
+            )
+            status = DROPPED if why else MULTI_RANK
+            self.history.append(self._arm(c, arm, index, name, status, reason, cand.source))
+        self.stages.append(
+            Stage(index, name, self.wall() - t0, tuple(a.label for a in c.arms), comparison=c)
+        )
+        return True
+
     # -- verdict helpers --------------------------------------------------------------------
     def _why_dropped(self, c: Comparison, arm: ArmResult) -> str:
         if arm.error:
@@ -690,6 +738,7 @@ class _Search:
         self.state = copy.copy(previous.state)
         st = self.state
         st.pending, st.promising = list(st.pending), list(st.promising)
+        st.multi_rank = list(st.multi_rank)
         st.remaining, st.tried = list(st.remaining), set(st.tried)
         st.race_speedup = dict(st.race_speedup)
         self.history = list(previous.history)

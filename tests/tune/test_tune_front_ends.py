@@ -12,6 +12,7 @@ import torch
 from gpudiag.cli import main
 from gpudiag.recipe import Recipe
 from gpudiag.tune import TuneResult
+from gpudiag.tune import tune as gd_tune
 
 
 @pytest.fixture
@@ -73,3 +74,20 @@ def test_terminal_command_prints_json_and_saves_the_recipe(
         assert [f.label for f in loaded.fixes] == [data["best"]["label"]]
     else:
         assert not recipe.exists()
+
+
+@pytest.mark.slow
+def test_nproc_measures_fsdp_on_real_ranks_beside_the_search() -> None:
+    from gpudiag import workloads
+
+    wl = workloads.get("gpt", seq_len=32, d_model=64, n_layer=1, vocab_size=512)
+    result = gd_tune(wl, nproc=2, fixes=["fsdp.wrap"], diagnosis=False, time_budget_s=300)
+    fsdp = next(a for a in result.history if a.label == "fsdp.wrap")
+    assert fsdp.stage_name == "2 ranks"
+    assert not fsdp.reason.startswith("not measured"), fsdp.reason
+    assert fsdp.verdict is not None
+    assert fsdp.rounds > 0
+    # Its baseline is DDP on the ranks, not the one-process step: never best, never combined.
+    assert result.best.is_baseline
+    assert result.stages[-1].comparison is not None
+    assert result.stages[-1].comparison.baseline.label == "ddp (baseline)"

@@ -173,8 +173,8 @@ def test_arguments_are_checked_before_anything_runs(
         run(fake_clock, bf16_cpu, FAST, time_budget_s=float("nan"))
     with pytest.raises(ArgumentError, match="unknown argument"):
         run(fake_clock, bf16_cpu, FAST, rounds=3)
-    with pytest.raises(GpuDiagError, match="nproc"):
-        run(fake_clock, bf16_cpu, FAST, nproc=2)
+    with pytest.raises(ArgumentError, match="nproc"):
+        run(fake_clock, bf16_cpu, FAST, nproc=1)
     with pytest.raises(ArgumentError, match="resume"):
         run(fake_clock, bf16_cpu, FAST, resume="last time")
 
@@ -227,4 +227,22 @@ def test_the_best_arm_is_re_diagnosed_and_its_advice_combined(
     assert r.best.source == "diagnosis: fake.next"
     assert r.next_bottleneck == ("fake.next: the next bottleneck",)
     assert [s.name for s in r.stages].count("re-diagnose") == 2
+    assert r.finished
+
+
+def test_multi_rank_fixes_go_to_a_trial_on_ranks_never_beside_the_search(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any
+) -> None:
+    # Without nproc, fsdp.wrap is skipped with where it is measured.
+    r = run(fake_clock, bf16_cpu, ["fsdp.wrap", "test.halve"])
+    assert "nproc=N" in dict(r.skipped)["fsdp.wrap"]
+    # With nproc, it goes to the multi-rank trial; a notebook's own step cannot be rebuilt
+    # in the ranks, so it is dropped with that reason (before any process starts), and the
+    # one-process search goes on.
+    r = run(fake_clock, bf16_cpu, ["fsdp.wrap", "test.halve"], nproc=2)
+    fsdp = next(a for a in r.history if a.label == "fsdp.wrap")
+    assert fsdp.status == DROPPED
+    assert fsdp.reason.startswith("not measured on ranks")
+    assert fsdp.stage_name == "2 ranks"
+    assert r.best.label == "test.halve"
     assert r.finished
