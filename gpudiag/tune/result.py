@@ -139,6 +139,7 @@ class SearchState:
     incumbent_comparison: Comparison | None = None
     rediagnosed: str = ""  # the label of the arm last re-diagnosed
     stages: int = 0
+    tests: int = 0  # measuring stages run (stage k's tests share alpha / 2**k)
     tried: set[Fix] = field(default_factory=set)
     elapsed_s: float = 0.0
 

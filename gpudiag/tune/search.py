@@ -293,7 +293,9 @@ class _Search:
             self.round_s_per_arm = c.measuring_s / c.rounds / n
 
     def _stage_alpha(self) -> float:
-        return self.alpha / 2 ** (self.state.stages + 1)
+        """The error this stage's tests may spend: alpha/2^k for the k-th measuring stage
+        (its tests counted once it runs: ``SearchState.tests``)."""
+        return self.alpha / 2 ** (self.state.tests + 1)
 
     # -- stages -----------------------------------------------------------------------------
     def _diagnose_stage(self, diagnosis: Diagnosis | bool) -> None:
@@ -365,6 +367,7 @@ class _Search:
             return False
         t0 = self.wall()
         c = self._compare([*control, *(x.fix for x in cands)], alpha, rounds, budget * 0.6)
+        st.tests += 1
         self._learn(c, self.wall() - t0)
         st.stages += 1
         index = st.stages
@@ -505,6 +508,7 @@ class _Search:
             COMBINE_ROUNDS,
             budget * 0.7,
         )
+        st.tests += 1
         self._learn(c, self.wall() - t0)
         st.stages += 1
         index, name = st.stages, "combine"
@@ -625,10 +629,12 @@ class _Search:
         st.stages += 1
         index, name = st.stages, f"{self.nproc} ranks"
         t0 = self.wall()
+        alpha = self._stage_alpha()
+        st.tests += 1
         try:
             c = compare(
                 self.workload, [x.fix for x in cands], nproc=self.nproc,
-                seed=self.seed + index, confidence=1.0 - self._stage_alpha(),
+                seed=self.seed + index, confidence=1.0 - alpha,
                 progress=self.progress or False, timeout_s=max(30.0, left),
             )  # fmt: skip
         except GpuDiagError as exc:
