@@ -246,3 +246,17 @@ def test_multi_rank_fixes_go_to_a_trial_on_ranks_never_beside_the_search(
     assert fsdp.stage_name == "2 ranks"
     assert r.best.label == "test.halve"
     assert r.finished
+
+
+def test_fixes_a_spec_declares_in_conflict_are_never_combined(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any
+) -> None:
+    r = run(fake_clock, bf16_cpu, ["test.halve", "test.exclusive", "test.trim"])
+    pair = _arm(r, "test.halve+test.exclusive")
+    assert pair.status == DROPPED
+    assert pair.rounds == 0
+    assert "cannot go together (the fake world says" in pair.reason
+    assert not any(
+        a.rounds for a in r.history if {"test.halve", "test.exclusive"} <= {f.id for f in a.fixes}
+    )
+    assert r.best.label == "test.halve+test.trim"

@@ -93,7 +93,19 @@ class Boom(_Timed):
     factor = 0.9
 
 
-SPECS = (Halve, Clash, Trim, Never, Drifts, Slows, Boom)
+class Exclusive(_Timed):
+    id = "test.exclusive"
+    factor = 0.8
+
+    def conflicts_with(
+        self, params: Mapping[str, Any], other: FixSpec, other_params: Mapping[str, Any]
+    ) -> str:
+        return (
+            "the fake world says these two cannot share a step" if other.id == "test.halve" else ""
+        )
+
+
+SPECS = (Halve, Clash, Trim, Never, Drifts, Slows, Boom, Exclusive)
 
 
 @contextmanager
