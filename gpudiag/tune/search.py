@@ -214,7 +214,7 @@ class _Search:
         self.warnings: list[str] = []
         self.next_bottleneck: tuple[str, ...] = ()
         self.diagnosis: Diagnosis | None = None
-        self.stopped = ""  # why the search stopped before it ran out of things to try
+        self.stopped: list[str] = []  # why the search left things untried
         # Seconds per arm a comparison spends outside its timed rounds (drift, memory,
         # warm-up, proof, compilation), learned from the last one; a guess until then.
         self.overhead_per_arm: float | None = None
@@ -240,13 +240,15 @@ class _Search:
     def _next_stage(self) -> bool:
         """Run the next stage if the budget allows it; False when it does not."""
         st = self.state
-        if st.pending:
+        if st.pending and not st.tests:
             return self._race(st.pending, rounds=RACE_ROUNDS, rerace=False)
         if st.remaining and st.incumbent is not None:
             return self._combine()
         if st.promising and not st.reraced:
             picked = self._halve(st.promising)
             return self._race(picked, rounds=2 * RACE_ROUNDS, rerace=True) if picked else True
+        if st.pending:  # candidates a first race had no room for
+            return self._race(st.pending, rounds=RACE_ROUNDS, rerace=False)
         if st.incumbent is not None and st.rediagnosed != st.incumbent.label:
             return self._rediagnose()
         if st.multi_rank:
@@ -270,7 +272,7 @@ class _Search:
         rounds_s = (self.round_s_per_arm or 0.0) * n * looks_at
         if overhead + rounds_s > left:
             need = overhead + rounds_s
-            self.stopped = (
+            self.stopped.append(
                 f"the budget ran out before: {what} (would need ~{need:.0f} s, "
                 f"{max(0, left):.0f} s left)"
             )
@@ -359,14 +361,27 @@ class _Search:
         st = self.state
         name = "race again" if rerace else "race"
         control = [] if rerace else [Fix(CONTROL_ID)]
-        arms = [[f] for f in control] + [[x.fix] for x in cands]
         alpha = self._stage_alpha()
         first = _first_look(1.0 - alpha, rounds)
-        budget = self._fits(arms, first, f"{name}: {', '.join(c.label for c in cands)}")
+        # As many candidates as the budget lets reach a first look, in their order (the
+        # diagnosis' first); the others wait (not reached, or a resumed search).
+        budget = None
+        what = f"{name}: {', '.join(c.label for c in cands)}"
+        for k in range(len(cands), 0, -1):
+            arms = [[f] for f in control] + [[x.fix] for x in cands[:k]]
+            budget = self._fits(arms, first, what)
+            if budget is not None:
+                break
         if budget is None:
             return False
+        raced, waiting = cands[:k], cands[k:]
+        if waiting:
+            self.stopped.append(
+                f"the budget left room to race {k} of {len(cands)} candidates; not raced: "
+                + ", ".join(c.label for c in waiting)
+            )
         t0 = self.wall()
-        c = self._compare([*control, *(x.fix for x in cands)], alpha, rounds, budget * 0.6)
+        c = self._compare([*control, *(x.fix for x in raced)], alpha, rounds, budget * 0.6)
         st.tests += 1
         self._learn(c, self.wall() - t0)
         st.stages += 1
@@ -375,7 +390,8 @@ class _Search:
             st.reraced = True
             st.promising = []
         else:
-            st.pending = []
+            st.pending = list(waiting)
+        cands = raced
         winners: list[tuple[Candidate, ArmResult]] = []
         for label, why in c.skipped:
             self._drop_unmeasured(index, name, label, f"skipped: {why}")
@@ -577,7 +593,7 @@ class _Search:
         # A profiled diagnosis of one arm: about a comparison's overhead for two arms.
         need = 2 * (self.overhead_per_arm or 0.0)
         if need > left + OVERRUN * self.budget_s * 0.5:
-            self.stopped = (
+            self.stopped.append(
                 f"the budget ran out before: re-diagnose {inc.label} (would need ~{need:.0f} s, "
                 f"{max(0, left):.0f} s left)"
             )
@@ -623,7 +639,7 @@ class _Search:
         cands = st.multi_rank
         left = self._left() + OVERRUN * self.budget_s * 0.5
         if left <= 0:
-            self.stopped = f"the budget ran out before: the {self.nproc}-rank trial"
+            self.stopped.append(f"the budget ran out before: the {self.nproc}-rank trial")
             return False
         st.multi_rank = []
         st.stages += 1
@@ -764,7 +780,7 @@ class _Search:
         st = self.state
         open_work = st.open_work()
         not_reached = tuple(open_work)
-        notes = [*self.notes, self.stopped] if open_work and self.stopped else self.notes
+        notes = [*self.notes, *dict.fromkeys(self.stopped)] if open_work else self.notes
         best = st.incumbent
         if best is None:
             best = TunedArm(

@@ -260,3 +260,22 @@ def test_fixes_a_spec_declares_in_conflict_are_never_combined(
         a.rounds for a in r.history if {"test.halve", "test.exclusive"} <= {f.id for f in a.fixes}
     )
     assert r.best.label == "test.halve+test.trim"
+
+
+def test_a_race_takes_the_candidates_the_budget_has_room_for_in_order(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any
+) -> None:
+    from gpudiag.rules.engine import Diagnosis, StepTime
+
+    # The diagnosis timed a 10 ms step: before any comparison, an arm is reckoned at ten
+    # steps of overhead and a round at one step each, to the race's first planned look.
+    timed = Diagnosis(
+        findings=(), not_evaluated=(), evaluated=(), step_time=StepTime(0.01, "measured")
+    )
+    r = run(fake_clock, bf16_cpu, FAST, diagnosis=timed, time_budget_s=0.6, min_sample_s=0.01)
+    raced = {a.label for a in r.history if a.stage_name == "race"}
+    assert raced == {"test.halve", "control.none"}
+    assert r.best.label == "test.halve"
+    assert r.not_reached[0] == "race test.clash, test.trim"
+    assert any("room to race 1 of 3 candidates" in n for n in r.notes)
+    assert r.elapsed_s <= 0.6 * 1.10
