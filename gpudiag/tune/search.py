@@ -305,7 +305,9 @@ class _Search:
         if diagnosis is True:
             from gpudiag.doctor import diagnose
 
-            self.diagnosis = diagnose(self.workload, system=self.system, progress=False)
+            self.diagnosis = diagnose(
+                self.workload, system=self.system, progress=self.progress or False
+            )
         elif diagnosis is not False:
             self.diagnosis = diagnosis
         timed = self.diagnosis.step_time if self.diagnosis is not None else None
