@@ -70,6 +70,7 @@ KEEP = 4  # winners kept after a race (successive halving keeps the better ones)
 CHALLENGERS = 3  # combinations measured per combination stage
 RACE_ROUNDS = 40  # round limit of a race (its arms usually stop at an earlier look)
 COMBINE_ROUNDS = 24  # round limit of a combination stage
+RACE_SHARE = 0.5  # of the time left, what a race's timed rounds may take (the rest: combining)
 DRIFT_BAD = ("large", "non-finite")
 OVERRUN = 0.10  # the search ends within its budget + this share
 OBJECTIVES = ("throughput",)
@@ -244,13 +245,16 @@ class _Search:
             return self._race(st.pending, rounds=RACE_ROUNDS, rerace=False)
         if st.remaining and st.incumbent is not None:
             return self._combine()
+        # The next bottleneck of the best arm before more rounds for undecided ones: what it
+        # recommends is combined with the best, which a re-raced single fix would only reach
+        # a stage later.
+        if st.incumbent is not None and st.rediagnosed != st.incumbent.label:
+            return self._rediagnose()
         if st.promising and not st.reraced:
             picked = self._halve(st.promising)
             return self._race(picked, rounds=2 * RACE_ROUNDS, rerace=True) if picked else True
         if st.pending:  # candidates a first race had no room for
             return self._race(st.pending, rounds=RACE_ROUNDS, rerace=False)
-        if st.incumbent is not None and st.rediagnosed != st.incumbent.label:
-            return self._rediagnose()
         if st.multi_rank:
             return self._multi_rank()
         st.remaining.clear()
@@ -383,7 +387,7 @@ class _Search:
                 + ", ".join(c.label for c in waiting)
             )
         t0 = self.wall()
-        c = self._compare([*control, *(x.fix for x in raced)], alpha, rounds, budget * 0.6)
+        c = self._compare([*control, *(x.fix for x in raced)], alpha, rounds, budget * RACE_SHARE)
         st.tests += 1
         self._learn(c, self.wall() - t0)
         st.stages += 1
