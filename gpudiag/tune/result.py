@@ -257,7 +257,14 @@ class TuneResult:
         facts = [
             ("hardware", self.hardware),
             ("time", spent),
-            ("stages", "; ".join(f"{s.index} {s.name} {s.elapsed_s:.1f} s" for s in self.stages)),
+            (
+                "stages",
+                "; ".join(
+                    f"{s.index} {s.name} {s.elapsed_s:.1f} s"
+                    + (f" ({s.note})" if s.note and s.comparison is None and s.index > 1 else "")
+                    for s in self.stages
+                ),
+            ),
             ("statistics", self.error_control),
         ]
         if self.not_reached:

@@ -452,7 +452,9 @@ class _Search:
                 self._drop_unmeasured(index, name, cand.label, why)
             else:
                 keep.append(cand)
-        half = max(1, math.ceil(len(keep) / 2)) if keep else 0
+        # Successive halving, keeping at least two: with two fixes left, halving would drop
+        # one on estimates the race could not decide.
+        half = max(min(2, len(keep)), math.ceil(len(keep) / 2))
         for cand in keep[half:]:
             self._drop_unmeasured(
                 index, name, cand.label, "undecided, in the lower half of the race's estimates"
