@@ -28,6 +28,14 @@ Its re-diagnosis had named the next bottleneck (the DataLoader, 56 % of the step
 fix, with 4 s of budget left to combine it (reordered since: re-diagnosis now comes before
 re-racing undecided fixes). ``loader_batch_chain``: tune's race got 3 rounds in its budget at
 that load (nothing decided); its exhaustive search was stopped unfinished.
+Second run, ``loader_batch`` only (gpudiag f9e8560, load 3.2 -> 3.4): tune 119 s, best
+``dataloader.tuning:num_workers=2`` (its re-race: 2.32x, 99 % CI 1.71-4.07x, under load);
+exhaustive 846 s (time ratio 0.14), best ``dataloader.tuning:num_workers=1+batch.size=8``.
+In the head-to-head, run on a quieter machine (baseline IQR 3 %): tune's best 0.64x
+(slower), the exhaustive best 0.83x (slower), the best single fix ``batch.size=32`` 1.24x
+(faster). Both searches' winners were chosen under a load that favoured DataLoader workers
+and did not hold once the machine was quieter: the targets (>= best single, within 5 % of
+exhaustive) were not met on this machine; the time target was.
 """
 
 from __future__ import annotations
