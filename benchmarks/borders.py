@@ -367,6 +367,9 @@ CALLS = {
     "memory": "gd.memory(wl)",
     "fit": "gd.fit(wl, '64MiB')",
     "diagnose": "gd.diagnose(wl, progress=False)",
+    "tune": (
+        "gd.tune(wl, fixes=['precision.bf16'], diagnosis=False, time_budget_s=5, progress=False)"
+    ),
 }
 
 MAGIC = """
@@ -395,6 +398,7 @@ MAGIC_LINES = {
     "compare": "compare --fix precision.bf16 --budget 2 --min-rounds 2",
     "doctor": "doctor --no-widget --no-scaling --steps 1",
     "memory": "memory",
+    "tune": "tune --no-diagnosis --fix precision.bf16 --budget 3",
 }
 
 OPTIMIZERS = """

@@ -53,6 +53,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "FitResult": ("gpudiag.experiment.fit", "FitResult"),
     "plan": ("gpudiag.experiment.plan", "plan"),
     "Plan": ("gpudiag.experiment.plan", "Plan"),
+    "tune": ("gpudiag.tune", "tune"),
+    "TuneResult": ("gpudiag.tune", "TuneResult"),
     # Every error a user can cause (gpudiag.errors), as gd.<Name>Error.
     "ArgumentError": ("gpudiag.errors", "ArgumentError"),
     "WorkloadSpecError": ("gpudiag.errors", "WorkloadSpecError"),
@@ -202,3 +204,5 @@ if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs only
     from gpudiag.rules import Diagnosis as Diagnosis
     from gpudiag.step import Workload as Workload
     from gpudiag.trials import compare as compare
+    from gpudiag.tune import TuneResult as TuneResult
+    from gpudiag.tune import tune as tune

@@ -45,6 +45,12 @@ NOT_APPLIED = "not applied"
 SIGN_METHOD = "median of per-round ratios; exact sign-test interval (distribution-free)"
 
 
+def percent(confidence: float) -> str:
+    """A confidence as a percentage: whole (95%, 99%) unless that would read 100% (99.69%)."""
+    whole = f"{confidence:.0%}"
+    return whole if whole != "100%" or confidence >= 1 else f"{confidence:.2%}"
+
+
 def _log_binomial_half(n: int, i: int) -> float:
     """log P(Binomial(n, 1/2) = i)."""
     return math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - n * math.log(2.0)
@@ -103,7 +109,7 @@ class SpeedupEstimate:
         return interval_verdict(self, tolerance=tolerance, equivalence=equivalence)
 
     def __str__(self) -> str:
-        pct = f"{self.confidence:.0%}"
+        pct = percent(self.confidence)
         if not self.bounded:
             n = min(self.n_baseline, self.n_candidate)
             return f"{self.value:.2f}x (no {pct} interval from {n} round(s))"
@@ -340,7 +346,8 @@ def judge(
             UNDECIDED,
             shown,
             n,
-            f"{n} round(s); a verdict at {plan.confidence:.0%} needs at least {plan.first_look}",
+            f"{n} round(s); a verdict at {percent(plan.confidence)} needs at least "
+            f"{plan.first_look}",
             short,
             pace(short),
             looked=False,
@@ -366,7 +373,7 @@ def judge(
         )
     more = _rounds_to_decide(estimate, n, plan)
     reason = (
-        f"the {plan.confidence:.0%} interval {low:.2f}-{high:.2f}x neither clears "
+        f"the {percent(plan.confidence)} interval {low:.2f}-{high:.2f}x neither clears "
         f"+/-{plan.tolerance:.0%} nor lies within +/-{plan.equivalence:.0%}"
     )
     if more is None:

@@ -48,6 +48,7 @@ TABLE: tuple[Command, ...] = (
     Command("record", terminal="gpudiag.cli.record"),
     Command("memory", _HERE + "memory", "gpudiag.magics.memory"),
     Command("plan", _HERE + "plan", "gpudiag.magics.plan"),
+    Command("tune", _HERE + "tune", "gpudiag.magics.tune"),
 )
 
 

@@ -372,7 +372,9 @@ def _fix_data(fix: Fix) -> dict[str, Any]:
 
 
 def check_conflicts(fixes: Iterable[Fix]) -> None:
-    """At most one fix per group (one precision, one attention backend) and no duplicates."""
+    """At most one fix per group (one precision, one attention backend), no duplicates, and
+    no pair a spec declares in conflict (``FixSpec.conflicts_with``)."""
+    fixes = list(fixes)
     seen: dict[str, Fix] = {}
     for fix in fixes:
         key = fix.spec.group or fix.id
@@ -383,6 +385,15 @@ def check_conflicts(fixes: Iterable[Fix]) -> None:
                 "try them as separate fixes (separate arms) instead of together"
             )
         seen[key] = fix
+    for i, fix in enumerate(fixes):
+        for other in fixes[i + 1 :]:
+            why = fix.spec.conflicts_with(fix.params, other.spec, other.params)
+            why = why or other.spec.conflicts_with(other.params, fix.spec, fix.params)
+            if why:
+                raise FixConflictError(
+                    f"{fix.label} and {other.label} cannot go together ({why}); "
+                    "try them as separate fixes (separate arms)"
+                )
 
 
 def ordered(fixes: Iterable[Fix]) -> list[Fix]:

@@ -64,6 +64,9 @@ class Compile(FixSpec):
     main_param = "mode"
     order = 90  # wraps whatever the other fixes set up
 
+    def captures_graphs(self, params: Mapping[str, Any]) -> bool:
+        return params.get("mode", "default") in CUDA_GRAPH_MODES
+
     def describe(self, params: Mapping[str, Any]) -> str:
         mode = params.get("mode", "default")
         extra = {

@@ -286,6 +286,9 @@ class CudaGraphs(FixSpec):
     )
     order = 95  # captures what the others built, compile's module included
 
+    def captures_graphs(self, params: Mapping[str, Any]) -> bool:
+        return True
+
     def supported(
         self, params: Mapping[str, Any], system: SystemReport | None, device_type: str
     ) -> tuple[bool, str]:

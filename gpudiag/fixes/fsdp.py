@@ -113,6 +113,7 @@ def fsdp_proof(fix_id: str, model: Any) -> Proof:
 class FsdpWrap(FixSpec):
     id = "fsdp.wrap"
     needs = frozenset({Need.MODEL})
+    multi_rank = True
     summary = (
         "Shard parameters, gradients and optimizer state across ranks with FSDP "
         "(fully_shard per block)."

@@ -125,6 +125,22 @@ class FixSpec:
     # Its first step compiles or captures (minutes, not milliseconds): a trial gives that step
     # the long first-step limit (gpudiag.experiment.step_limit) instead of 10x the baseline's.
     slow_first_step: ClassVar[bool] = False
+    # Measured only across ranks (gd.compare(..., nproc=N): a DDP baseline), never beside the
+    # one-process arms of a search.
+    multi_rank: ClassVar[bool] = False
+
+    def captures_graphs(self, params: Mapping[str, Any]) -> bool:
+        """Whether the fix records CUDA graphs of the step (two capturers cannot nest)."""
+        return False
+
+    def conflicts_with(
+        self, params: Mapping[str, Any], other: FixSpec, other_params: Mapping[str, Any]
+    ) -> str:
+        """Why this fix cannot go with ``other`` in one arm beyond ``group`` ("" when it can).
+        ``check_conflicts`` asks both fixes of every pair, before anything is prepared."""
+        if self.captures_graphs(params) and other.captures_graphs(other_params):
+            return "both capture CUDA graphs of the step"
+        return ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -21,6 +21,7 @@ _FIGURES = {
     "gpudiag.experiment.plan.Plan": "gpudiag.plots.plan:plan_figure",
     "gpudiag.analysis.snapshot_diff.SnapshotDiff": "gpudiag.plots.memory:snapshot_diff_figure",
     "gpudiag.analysis.snapshot_diff.SnapshotRanks": "gpudiag.plots.memory:snapshot_ranks_figure",
+    "gpudiag.tune.result.TuneResult": "gpudiag.plots.tune:tune_figure",
 }
 
 for _type_name, _builder in _FIGURES.items():
