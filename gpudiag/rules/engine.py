@@ -245,8 +245,9 @@ class Diagnosis:
         }
 
     def lines(self) -> list[str]:
+        n = len(self.findings)
         out = [
-            f"gpudiag diagnose: {len(self.findings)} findings "
+            f"gpudiag diagnose: {n} finding{'' if n == 1 else 's'} "
             f"({', '.join(self.sources) or 'no evidence'})"
         ]
         if self.step_time is not None:

@@ -78,6 +78,15 @@ def test_diagnosis_html_is_escaped() -> None:
     assert "&lt;script&gt;" in html[1]
 
 
+def test_the_text_report_counts_one_finding_in_the_singular() -> None:
+    finding = Finding("test.one", Severity.LOW, "test", "one thing", ())
+    assert Diagnosis((finding,), (), (), ("trace",)).lines()[0] == (
+        "gpudiag diagnose: 1 finding (trace)"
+    )
+    two = Diagnosis((finding, dataclasses.replace(finding, id="test.two")), (), (), ("trace",))
+    assert two.lines()[0] == "gpudiag diagnose: 2 findings (trace)"
+
+
 def test_recommended_skips_info_and_duplicates(fixtures_dir: Path) -> None:
     from gpudiag.probe.system import inspect
 
