@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpudiag import _measured
-from gpudiag._report import jsonable
+from gpudiag._report import card, html_table, jsonable
 from gpudiag.bench.timing import measure
 
 SIZE = 512  # square matmul: compute-bound, about 3 ms in fp32 on one core
@@ -42,7 +42,7 @@ FACT = "cpu_bf16_speed"  # the square product's answer in gpudiag._measured
 Answer = Literal["faster", "slower", "undecided", "not measured"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Bf16Speed:
     """bf16 vs fp32 matmul speed on this CPU: ``ratio`` = fp32 time / bf16 time (>1: bf16 is
     faster; the median of the per-round ratios), ``low``-``high`` its ``confidence`` interval,
@@ -123,6 +123,26 @@ class Bf16Speed:
             f"bf16 matmuls measured {self.ratio:.2f}x the speed of fp32 ({self.interval}): "
             f"{self.answer} ({how})"
         )
+
+    # A notebook or terminal shows the sentence, not fifteen raw floats (``to_dict`` has them).
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        title = "bf16 vs fp32 matmul speed on this CPU"
+        if not self.measured:
+            return card(title, html_table([("answer", "not measured"), ("why", self.reason)]))
+        rows: list[tuple[object, object]] = [
+            ("answer", f"bf16 is {self.answer}" if self.answer != "undecided" else "undecided"),
+            ("speed", f"{self.ratio:.2f}x fp32 ({self.interval})"),
+        ]
+        if self.bf16_ms is not None and self.fp32_ms is not None:
+            rows.append(("one call", f"bf16 {self.bf16_ms:.2f} ms, fp32 {self.fp32_ms:.2f} ms"))
+        rows.append(("how", self.source.removeprefix("measured: ")))
+        return card(title, html_table(rows))
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(

@@ -257,8 +257,18 @@ def test_the_machine_fact_is_a_three_way_answer_from_its_interval(
     assert speed.answer == answer
     assert f"(99% CI {low:.2f}-{high:.2f}x): {answer}" in str(speed)
     assert speed.to_dict()["answer"] == answer
+    # What a notebook or terminal shows: the sentence, not the dataclass's fields.
+    from IPython.lib.pretty import pretty
+
+    assert repr(speed) == str(speed) == pretty(speed)
+    html = speed._repr_html_()
+    assert f"{speed.ratio:.2f}x fp32 (99% CI {low:.2f}-{high:.2f}x)" in html
+    assert ("bf16 is " + answer if answer != "undecided" else "undecided") in html
+    assert "Bf16Speed(" not in html
     assert Bf16Speed(3.0).answer == "undecided"  # one ratio, no interval: not an answer
     assert Bf16Speed(None, reason="no kernel").answer == "not measured"
+    assert repr(Bf16Speed(None, reason="no kernel")) == "bf16 matmul speed not measured: no kernel"
+    assert "no kernel" in Bf16Speed(None, reason="no kernel")._repr_html_()
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, fp32_ms: list[float], bf16_ms: list[float]) -> None:
