@@ -7,7 +7,10 @@ that says "bf16 is faster" reads this measurement instead of the flags.
 The answer is three-way: ``faster`` or ``slower`` only when the whole confidence interval of
 the speed ratio clears 1 by ``MARGIN``, ``undecided`` otherwise, so a noisy host gives no
 answer rather than a flipped one. The process's answer for the square product is kept in
-``gpudiag._measured`` (``fact("cpu_bf16_speed")``), where ``gd.inspect`` reads it too.
+``gpudiag._measured`` (``fact("cpu_bf16_speed")``), where ``gd.inspect`` reads it too; so is
+the latest workload's own matmuls' answer (``fact("workload_bf16_speed")``, what
+``gd.diagnose``'s precision advice measured), which inspect shows beside it, each saying which
+product it timed: a workload's small products gain less from bf16 than the square one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ CONFIDENCE = 0.99
 # A ratio whose interval reaches within this share of 1 is no answer either way.
 MARGIN = 0.05
 FACT = "cpu_bf16_speed"  # the square product's answer in gpudiag._measured
+# The latest workload's own matmuls (workload_bf16_speed, what gd.diagnose's advice read), kept
+# beside it so gd.inspect shows that answer too, saying which product each one timed.
+WORKLOAD_FACT = "workload_bf16_speed"
 
 Answer = Literal["faster", "slower", "undecided", "not measured"]
 
@@ -232,10 +238,13 @@ def workload_bf16_speed(
     )
     n = min(len(speed.rounds) for speed, _ in speeds)
     if n < 2:  # a product measured without its rounds: a ratio, no interval
+        _measured.record_fact(WORKLOAD_FACT, combined)
         return combined
     bf16_rounds = [sum(w / s.rounds[i] for s, w in speeds) for i in range(n)]
     ratio, low, high, rounds = _interval([fp32_time] * n, bf16_rounds)
-    return dataclasses.replace(combined, ratio=ratio, low=low, high=high, rounds=rounds)
+    combined = dataclasses.replace(combined, ratio=ratio, low=low, high=high, rounds=rounds)
+    _measured.record_fact(WORKLOAD_FACT, combined)
+    return combined
 
 
 def measure_bf16_speed(
