@@ -165,9 +165,11 @@ def step_time(
     """The step's own time, measured without the profiler, beside a profiled step's (None
     when no step was run or recorded).
 
-    From the batch scaling's rounds at the workload's batch when they were measured; else,
-    for a ``workload`` (one this diagnosis profiled), ``steps`` (at least 3) steps timed on a
-    copy after a warm-up; else not measured (a trace alone holds only profiled steps).
+    From the batch scaling's rounds at the workload's batch when it measured at least
+    ``MIN_TIMED``; else, for a ``workload`` (one this diagnosis profiled), ``steps`` (at least
+    ``MIN_TIMED``) steps timed on a copy after a warm-up; else the scaling's one round, said to
+    be one sample; else not measured (a trace alone holds only profiled steps). The source says
+    the timings' spread (IQR / median).
     """
     from gpudiag.rules.engine import StepTime
 
@@ -180,29 +182,53 @@ def step_time(
         if window and all(s.duration_us > 0 for s in window)
         else None
     )
-    if scaling is not None:
+    if scaling is not None and len(scaling.rounds) >= MIN_TIMED:
+        spread = _spread([small for small, _ in scaling.rounds])
         return StepTime(
             scaling.step_s,
             f"without the profiler (median of {len(scaling.rounds)} interleaved rounds at "
-            f"batch {scaling.batch_size}, from the batch scaling)",
+            f"batch {scaling.batch_size}, from the batch scaling; {spread})",
             profiled,
         )
     if workload is None:
+        if scaling is not None:  # stopped early and no step of ours to time again
+            return StepTime(
+                scaling.step_s,
+                f"without the profiler (one round at batch {scaling.batch_size}, from the "
+                "batch scaling: one sample, its spread unknown)",
+                profiled,
+            )
         return StepTime(None, "only profiled steps were given", profiled)
-    steps = max(steps, 3)
+    # The batch scaling stops after one round once its question is answered: one sample is no
+    # step time (it read 14 ms, then 1.4 s, on a busy host), so the step is timed on its own.
+    steps = max(steps, MIN_TIMED)
     try:
-        seconds = _timed_steps(workload, steps, on_progress)
+        times = _timed_steps(workload, steps, on_progress)
     except Exception as exc:  # the profile ran the step; timing it again is a nicety
         warnings.warn(f"step time not measured: {exc}", GpuDiagWarning, stacklevel=3)
         return StepTime(None, f"timing the step failed: {exc}", profiled)
     return StepTime(
-        seconds, f"without the profiler (median of {steps} steps after a warm-up)", profiled
+        statistics.median(times),
+        f"without the profiler (median of {steps} steps after a warm-up; {_spread(times)})",
+        profiled,
     )
 
 
-def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> float:
-    """Median wall time of ``steps`` steps of the workload (on a copy), after one warm-up; on
-    a GPU the device is synchronised around each step (that path is untested on a real GPU)."""
+# The fewest timings a step time is the median of (a median of fewer says nothing of spread).
+MIN_TIMED = 3
+
+
+def _spread(times: Sequence[float]) -> str:
+    """``IQR 4% of the median``: how far the timings behind a median step time spread."""
+    from gpudiag.analysis.measurement import Measurement
+
+    spread = Measurement(tuple(times)).relative_spread
+    return f"IQR {spread:.0%} of the median" if spread == spread else "spread unknown"
+
+
+def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> list[float]:
+    """Wall times of ``steps`` steps of the workload (on a copy), after one warm-up; on a GPU
+    the device is synchronised around each step (that path is untested on a real GPU)."""
     import time
 
     from gpudiag.probe import cuda
@@ -224,7 +250,7 @@ def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None)
                 sync()
             times.append(time.perf_counter() - start)
     finish(on_progress, stage)
-    return statistics.median(times)
+    return times
 
 
 def measure_batch_scaling(
