@@ -313,10 +313,13 @@ def profile_workload(
 
 def workload_source(workload: Workload) -> str | None:
     """The source the code rules read: the module that defines the workload's model class (or
-    step), when that module's file is where the class was written; else the class's (or
-    step's) own source. A class defined in a notebook cell lives in ``__main__``, which has no
-    file in Jupyter (getsource fails) and is the driving script in a scripted IPython (the
-    wrong text): IPython keeps each cell's text in ``linecache``, where the class is read."""
+    step), when that module's file is where the class was written; else the text the class
+    was written in, with that of the model's other classes from the same module (its
+    blocks). A class defined in a notebook cell lives in ``__main__``, which has no file in
+    Jupyter (getsource fails) and is the driving script in a scripted IPython (the wrong
+    text): IPython keeps each cell's text in ``linecache``, under the name its code carries."""
+    import linecache
+
     target = workload.model
     obj: Any = type(target) if target is not None else workload.step_fn
     if obj is None:
@@ -329,17 +332,40 @@ def workload_source(workload: Workload) -> str | None:
             return _inspect.getsource(module)
         except (OSError, TypeError):
             pass
-    return _own_source(obj, written)
+    texts: dict[str, str] = {}  # by cell (or file), in the order the classes come
+    for part in _own_classes(target, obj):
+        place = _written_at(part)
+        if place is not None and place[0] not in texts:
+            texts[place[0]] = "".join(linecache.getlines(place[0]))
+    text = "\n".join(t for t in texts.values() if t)
+    if text:
+        return text
+    try:
+        return _inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _own_classes(target: Any, obj: Any) -> list[Any]:
+    """``obj`` and the classes of the model's submodules defined in the same module (a
+    notebook's blocks beside its model), each once."""
+    found = [obj]
+    modules = getattr(target, "modules", None)
+    if target is None or not callable(modules):
+        return found
+    for sub in modules():
+        kind = type(sub)
+        if kind.__module__ == obj.__module__ and kind not in found:
+            found.append(kind)
+    return found
 
 
 def _written_at(obj: Any) -> tuple[str, int] | None:
     """(file name, first line) of a function, or of the earliest method a class defines
     itself; None when no code object says (a class with no methods of its own)."""
-    code = getattr(_inspect.unwrap(obj), "__code__", None) if callable(obj) else None
-    if code is not None and not isinstance(obj, type):
-        return code.co_filename, code.co_firstlineno
     if not isinstance(obj, type):
-        return None
+        code = getattr(_inspect.unwrap(obj), "__code__", None) if callable(obj) else None
+        return (code.co_filename, code.co_firstlineno) if code is not None else None
     places = []
     for member in vars(obj).values():
         function = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
@@ -352,30 +378,3 @@ def _written_at(obj: Any) -> tuple[str, int] | None:
 
 def _same_file(a: str, b: str | None) -> bool:
     return b is not None and os.path.realpath(a) == os.path.realpath(b)
-
-
-def _own_source(obj: Any, written: tuple[str, int] | None) -> str | None:
-    """The class's (or function's) own text: ``inspect.getsource``, else, for a class whose
-    module has no file (Python < 3.13 finds a class through its module's file), the
-    ``class`` block around its earliest method in the lines ``linecache`` holds for it."""
-    import linecache
-    import re
-
-    try:
-        return _inspect.getsource(obj)
-    except (OSError, TypeError):
-        pass
-    if written is None or not isinstance(obj, type):
-        return None
-    filename, first = written
-    lines = linecache.getlines(filename)
-    header = re.compile(rf"\s*class\s+{re.escape(obj.__name__)}\b")
-    starts = [i for i in range(min(first, len(lines))) if header.match(lines[i])]
-    if not starts:
-        return None
-    return "".join(_inspect.getblock(lines[starts[-1] :]))
-    module = _inspect.getmodule(obj)
-    try:
-        return _inspect.getsource(module) if module is not None else None
-    except (OSError, TypeError):
-        return None

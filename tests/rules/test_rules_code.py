@@ -160,17 +160,26 @@ def _cell_source(workload_model: object) -> str | None:
 def test_a_model_class_written_in_a_notebook_cell_is_read(ipython_shell: Any) -> None:
     # A class run through IPython lives in __main__, which has no file: inspect.getsource of
     # the module (and, before Python 3.13, of the class) fails, and every code.* rule was "not
-    # evaluated" for a notebook's model. Its text is in the cell IPython keeps in linecache.
-    result = ipython_shell.run_cell(NOTEBOOK_MODEL)
-    assert result.success
+    # evaluated" for a notebook's model. Its text is in the cell IPython keeps in linecache;
+    # the model's blocks, from another cell, are read too (the attention is in a block).
+    model_cell = (
+        "class CellModel(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.block = CellAttention()\n\n"
+        "    def forward(self, x):\n"
+        "        return self.block(x)\n"
+    )
+    assert ipython_shell.run_cell(NOTEBOOK_MODEL).success
+    assert ipython_shell.run_cell(model_cell).success
     try:
-        model = ipython_shell.user_ns["CellAttention"]()
-        source = _cell_source(model)
+        source = _cell_source(ipython_shell.user_ns["CellModel"]())
     finally:
-        ipython_shell.user_ns.pop("CellAttention", None)
+        for name in ("CellAttention", "CellModel"):
+            ipython_shell.user_ns.pop(name, None)
     assert source is not None
-    assert source.startswith("class CellAttention(torch.nn.Module):")
-    assert "q @ k.transpose(-2, -1)" in source
+    assert source.startswith(model_cell)  # the model's cell, then its block's
+    assert NOTEBOOK_MODEL in source
     assert "code.manual_attention" in _ids(source)
 
 
@@ -190,8 +199,7 @@ def test_a_cell_class_in_a_module_with_a_file_is_read_from_its_cell(
     monkeypatch.setitem(linecache.cache, cell, (len(NOTEBOOK_MODEL), None, lines, cell))
     exec(compile(NOTEBOOK_MODEL, cell, "exec"), driver.__dict__)
     source = _cell_source(driver.CellAttention())
-    assert source is not None
-    assert source.startswith("class CellAttention(torch.nn.Module):")
+    assert source == NOTEBOOK_MODEL  # the cell, not the script
     assert "test_a_cell_class_in_a_module_with_a_file" not in source  # not the script's text
     assert "code.manual_attention" in _ids(source)
 
