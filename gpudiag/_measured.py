@@ -5,8 +5,8 @@ consumer, so one process never gives two answers to one question:
 
 * machine facts (``fact(name)``): a micro-benchmark's answer with its interval, such as
   whether bf16 matmuls beat fp32 on this CPU (``gpudiag.bench.cpu_bf16`` records
-  ``"cpu_bf16_speed"`` once per process). ``gd.inspect`` and the precision rules read the
-  same object.
+  ``"cpu_bf16_speed"`` once per process, and ``"workload_bf16_speed"``, the latest
+  diagnosed step's own matmuls). ``gd.inspect`` and the precision rules read the same objects.
 * trials (``trial(subject, workload, fix_id)``): what ``gd.compare`` measured for one fix on
   a workload. A trial of a fix on the user's own step outranks any micro-benchmark's
   prediction about that fix: the rules and a diagnosis read it before their own estimate.

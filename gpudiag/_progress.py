@@ -32,18 +32,26 @@ class Progress:
     total: int = 0
     note: str = ""
     finished: bool = False
-    unit: str = ""  # what ``done`` counts, when not steps or rounds ("s": seconds waited)
+    # What ``done`` counts, when not steps or rounds: "s" seconds waited, "B" bytes read (the
+    # bar scales them to kB/MB/GB itself, so a file under a megabyte still shows its progress).
+    unit: str = ""
 
 
 ProgressFn = Callable[[Progress], None]
 
 
 def report(
-    on_progress: ProgressFn | None, stage: str, done: int, total: int, note: str = ""
+    on_progress: ProgressFn | None,
+    stage: str,
+    done: int,
+    total: int,
+    note: str = "",
+    *,
+    unit: str = "",
 ) -> None:
     """Call ``on_progress`` (when there is one) with ``done`` of ``total`` for ``stage``."""
     if on_progress is not None:
-        on_progress(Progress(stage, done, total, note))
+        on_progress(Progress(stage, done, total, note, unit=unit))
 
 
 def finish(on_progress: ProgressFn | None, stage: str) -> None:
@@ -106,11 +114,13 @@ class ProgressBar:
             from tqdm.auto import tqdm
 
             with self.output if self.output is not None else contextlib.nullcontext():
+                in_bytes = {"unit_scale": True, "unit_divisor": 1024} if event.unit == "B" else {}
                 self.bar = tqdm(
                     total=event.total or None,
                     desc=f"{self.prefix} {event.stage}",
                     leave=self.leave,
                     unit=event.unit or "it",
+                    **in_bytes,
                 )
         if event.total and self.bar.total != event.total:
             self.bar.total = event.total
@@ -125,8 +135,7 @@ class ProgressBar:
         if bar is None:
             return
         if complete and bar.total:
-            bar.n = bar.total
-            bar.refresh()
+            bar.n = bar.total  # drawn by close(): a refresh here drew the finished bar again
         self.closed_complete.append(bool(not bar.total or bar.n >= bar.total))
         bar.close()
 

@@ -165,9 +165,11 @@ def step_time(
     """The step's own time, measured without the profiler, beside a profiled step's (None
     when no step was run or recorded).
 
-    From the batch scaling's rounds at the workload's batch when they were measured; else,
-    for a ``workload`` (one this diagnosis profiled), ``steps`` (at least 3) steps timed on a
-    copy after a warm-up; else not measured (a trace alone holds only profiled steps).
+    From the batch scaling's rounds at the workload's batch when it measured at least
+    ``MIN_TIMED``; else, for a ``workload`` (one this diagnosis profiled), ``steps`` (at least
+    ``MIN_TIMED``) steps timed on a copy after a warm-up; else the scaling's one round, said to
+    be one sample; else not measured (a trace alone holds only profiled steps). The source says
+    the timings' spread (IQR / median).
     """
     from gpudiag.rules.engine import StepTime
 
@@ -180,29 +182,53 @@ def step_time(
         if window and all(s.duration_us > 0 for s in window)
         else None
     )
-    if scaling is not None:
+    if scaling is not None and len(scaling.rounds) >= MIN_TIMED:
+        spread = _spread([small for small, _ in scaling.rounds])
         return StepTime(
             scaling.step_s,
             f"without the profiler (median of {len(scaling.rounds)} interleaved rounds at "
-            f"batch {scaling.batch_size}, from the batch scaling)",
+            f"batch {scaling.batch_size}, from the batch scaling; {spread})",
             profiled,
         )
     if workload is None:
+        if scaling is not None:  # stopped early and no step of ours to time again
+            return StepTime(
+                scaling.step_s,
+                f"without the profiler (one round at batch {scaling.batch_size}, from the "
+                "batch scaling: one sample, its spread unknown)",
+                profiled,
+            )
         return StepTime(None, "only profiled steps were given", profiled)
-    steps = max(steps, 3)
+    # The batch scaling stops after one round once its question is answered: one sample is no
+    # step time (it read 14 ms, then 1.4 s, on a busy host), so the step is timed on its own.
+    steps = max(steps, MIN_TIMED)
     try:
-        seconds = _timed_steps(workload, steps, on_progress)
+        times = _timed_steps(workload, steps, on_progress)
     except Exception as exc:  # the profile ran the step; timing it again is a nicety
         warnings.warn(f"step time not measured: {exc}", GpuDiagWarning, stacklevel=3)
         return StepTime(None, f"timing the step failed: {exc}", profiled)
     return StepTime(
-        seconds, f"without the profiler (median of {steps} steps after a warm-up)", profiled
+        statistics.median(times),
+        f"without the profiler (median of {steps} steps after a warm-up; {_spread(times)})",
+        profiled,
     )
 
 
-def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> float:
-    """Median wall time of ``steps`` steps of the workload (on a copy), after one warm-up; on
-    a GPU the device is synchronised around each step (that path is untested on a real GPU)."""
+# The fewest timings a step time is the median of (a median of fewer says nothing of spread).
+MIN_TIMED = 3
+
+
+def _spread(times: Sequence[float]) -> str:
+    """``IQR 4% of the median``: how far the timings behind a median step time spread."""
+    from gpudiag.analysis.measurement import Measurement
+
+    spread = Measurement(tuple(times)).relative_spread
+    return f"IQR {spread:.0%} of the median" if spread == spread else "spread unknown"
+
+
+def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None) -> list[float]:
+    """Wall times of ``steps`` steps of the workload (on a copy), after one warm-up; on a GPU
+    the device is synchronised around each step (that path is untested on a real GPU)."""
     import time
 
     from gpudiag.probe import cuda
@@ -224,7 +250,7 @@ def _timed_steps(workload: Workload, steps: int, on_progress: ProgressFn | None)
                 sync()
             times.append(time.perf_counter() - start)
     finish(on_progress, stage)
-    return statistics.median(times)
+    return times
 
 
 def measure_batch_scaling(
@@ -286,13 +312,69 @@ def profile_workload(
 
 
 def workload_source(workload: Workload) -> str | None:
-    """The source of the module that defines the workload's model (or step), when readable."""
+    """The source the code rules read: the module that defines the workload's model class (or
+    step), when that module's file is where the class was written; else the text the class
+    was written in, with that of the model's other classes from the same module (its
+    blocks). A class defined in a notebook cell lives in ``__main__``, which has no file in
+    Jupyter (getsource fails) and is the driving script in a scripted IPython (the wrong
+    text): IPython keeps each cell's text in ``linecache``, under the name its code carries."""
+    import linecache
+
     target = workload.model
     obj: Any = type(target) if target is not None else workload.step_fn
     if obj is None:
         return None
+    written = _written_at(obj)
     module = _inspect.getmodule(obj)
+    module_file = getattr(module, "__file__", None)
+    if module is not None and (written is None or _same_file(written[0], module_file)):
+        try:
+            return _inspect.getsource(module)
+        except (OSError, TypeError):
+            pass
+    texts: dict[str, str] = {}  # by cell (or file), in the order the classes come
+    for part in _own_classes(target, obj):
+        place = _written_at(part)
+        if place is not None and place[0] not in texts:
+            texts[place[0]] = "".join(linecache.getlines(place[0]))
+    text = "\n".join(t for t in texts.values() if t)
+    if text:
+        return text
     try:
-        return _inspect.getsource(module) if module is not None else None
+        return _inspect.getsource(obj)
     except (OSError, TypeError):
         return None
+
+
+def _own_classes(target: Any, obj: Any) -> list[Any]:
+    """``obj`` and the classes of the model's submodules defined in the same module (a
+    notebook's blocks beside its model), each once."""
+    found = [obj]
+    modules = getattr(target, "modules", None)
+    if target is None or not callable(modules):
+        return found
+    for sub in modules():
+        kind = type(sub)
+        if kind.__module__ == obj.__module__ and kind not in found:
+            found.append(kind)
+    return found
+
+
+def _written_at(obj: Any) -> tuple[str, int] | None:
+    """(file name, first line) of a function, or of the earliest method a class defines
+    itself; None when no code object says (a class with no methods of its own)."""
+    if not isinstance(obj, type):
+        code = getattr(_inspect.unwrap(obj), "__code__", None) if callable(obj) else None
+        return (code.co_filename, code.co_firstlineno) if code is not None else None
+    places = []
+    for member in vars(obj).values():
+        function = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+        code = getattr(function, "__code__", None)
+        own = getattr(function, "__qualname__", "").startswith(f"{obj.__qualname__}.")
+        if code is not None and own:
+            places.append((code.co_filename, code.co_firstlineno))
+    return min(places, key=lambda place: place[1]) if places else None
+
+
+def _same_file(a: str, b: str | None) -> bool:
+    return b is not None and os.path.realpath(a) == os.path.realpath(b)

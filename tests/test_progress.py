@@ -51,7 +51,7 @@ def test_profile_reports_each_call_then_finishes(tmp_path: Path) -> None:
         ("profile", 0, 0, True),
         # then the trace is read (its megabytes) and its one rank analysed
     ]
-    read = [e for e in events[5:] if e[0].startswith("reading ") and e[0].endswith(" (MB)")]
+    read = [e for e in events[5:] if e[0].startswith("reading ") and ".json" in e[0]]
     assert read
     assert read[-1][3]  # the read finished
     assert events[-2:] == [("ranks", 1, 1, False), ("ranks", 0, 0, True)]
@@ -104,6 +104,33 @@ def test_an_early_finish_closes_the_bar_complete() -> None:
     assert tqdm_bar.n == 100  # filled, not a bar stopped at 23 %
     assert bar.closed_complete == [True]
     assert bar.bar is None
+
+
+def test_a_finished_bar_is_drawn_once_more_on_close_not_twice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # In a terminal (or a log without carriage returns) a finished bar was drawn three times:
+    # on its last report, by a refresh on close, and by tqdm's own close.
+    bar = ProgressBar("test")
+    bar(Progress("profile", 2, 3))
+    bar(Progress("profile", 3, 3))
+    bar(Progress("profile", finished=True))
+    assert capsys.readouterr().err.count("3/3") == 2
+    bar(Progress("compare", 23, 100))
+    bar(Progress("compare", finished=True))  # an early verdict: filled once, by the close
+    assert capsys.readouterr().err.count("100/100") == 1
+    assert bar.closed_complete == [True, True]
+
+
+def test_bytes_read_are_shown_scaled_not_as_whole_megabytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bar = ProgressBar("test")
+    bar(Progress("reading trace.json", 150_000, 300_000, unit="B"))
+    bar(Progress("reading trace.json", finished=True))
+    err = capsys.readouterr().err
+    assert "146k/293k" in err  # kibibytes, with tqdm's own prefix
+    assert "0it" not in err
 
 
 def test_a_new_stage_completes_the_previous_bar_and_an_error_leaves_it_where_it_stopped() -> None:
@@ -325,9 +352,16 @@ def test_analyze_trace_reports_reading_and_analysing() -> None:
     trace = FIXTURES / "traces" / "hta-trace_diff-control.json.gz"
     gd.analyze_trace(trace, progress=events.append)
     stages = [e.stage for e in events]
-    reading = f"reading {trace.name} (MB)"
-    assert reading in stages  # the file's megabytes as they are read
+    reading = f"reading {trace.name}"
+    assert reading in stages  # the file's bytes as they are read
     assert stages.index(reading) < stages.index("ranks")  # then each rank analysed
+    # Counted in whole megabytes, a file under one showed 0/? to the end (and this one 1/1):
+    # in bytes, which the bar scales to kB or MB itself, every read counts.
+    size = trace.stat().st_size
+    read = [e for e in events if e.stage == reading and not e.finished]
+    assert read
+    assert {(e.total, e.unit) for e in read} == {(size, "B")}
+    assert read[-1].done == size
     assert Progress(reading, finished=True) in events
     assert events[-1] == Progress("ranks", finished=True)
 

@@ -139,8 +139,8 @@ class _Guarded(io.RawIOBase):
             self.checked_at = self.read_bytes
             self._check_memory()
             if self.total:
-                done = self.file.tell() >> 20
-                report(self.on_progress, "reading snapshot (MB)", done, self.total >> 20)
+                done = self.file.tell()
+                report(self.on_progress, "reading snapshot", done, self.total, unit="B")
         return n
 
     def _check_memory(self) -> None:
@@ -224,7 +224,7 @@ def _load(
     except MemoryError:
         raise _too_big(name, limit, "this process ran out of memory reading it") from None
     finally:
-        finish(on_progress, "reading snapshot (MB)")
+        finish(on_progress, "reading snapshot")
     if not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
         raise SnapshotError(
             f"{name} is a pickle but not a memory snapshot (no 'segments' list); write one with "

@@ -7,7 +7,10 @@ that says "bf16 is faster" reads this measurement instead of the flags.
 The answer is three-way: ``faster`` or ``slower`` only when the whole confidence interval of
 the speed ratio clears 1 by ``MARGIN``, ``undecided`` otherwise, so a noisy host gives no
 answer rather than a flipped one. The process's answer for the square product is kept in
-``gpudiag._measured`` (``fact("cpu_bf16_speed")``), where ``gd.inspect`` reads it too.
+``gpudiag._measured`` (``fact("cpu_bf16_speed")``), where ``gd.inspect`` reads it too; so is
+the latest workload's own matmuls' answer (``fact("workload_bf16_speed")``, what
+``gd.diagnose``'s precision advice measured), which inspect shows beside it, each saying which
+product it timed: a workload's small products gain less from bf16 than the square one.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpudiag import _measured
-from gpudiag._report import jsonable
+from gpudiag._report import card, html_table, jsonable
 from gpudiag.bench.timing import measure
 
 SIZE = 512  # square matmul: compute-bound, about 3 ms in fp32 on one core
@@ -38,11 +41,14 @@ CONFIDENCE = 0.99
 # A ratio whose interval reaches within this share of 1 is no answer either way.
 MARGIN = 0.05
 FACT = "cpu_bf16_speed"  # the square product's answer in gpudiag._measured
+# The latest workload's own matmuls (workload_bf16_speed, what gd.diagnose's advice read), kept
+# beside it so gd.inspect shows that answer too, saying which product each one timed.
+WORKLOAD_FACT = "workload_bf16_speed"
 
 Answer = Literal["faster", "slower", "undecided", "not measured"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Bf16Speed:
     """bf16 vs fp32 matmul speed on this CPU: ``ratio`` = fp32 time / bf16 time (>1: bf16 is
     faster; the median of the per-round ratios), ``low``-``high`` its ``confidence`` interval,
@@ -123,6 +129,26 @@ class Bf16Speed:
             f"bf16 matmuls measured {self.ratio:.2f}x the speed of fp32 ({self.interval}): "
             f"{self.answer} ({how})"
         )
+
+    # A notebook or terminal shows the sentence, not fifteen raw floats (``to_dict`` has them).
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        title = "bf16 vs fp32 matmul speed on this CPU"
+        if not self.measured:
+            return card(title, html_table([("answer", "not measured"), ("why", self.reason)]))
+        rows: list[tuple[object, object]] = [
+            ("answer", f"bf16 is {self.answer}" if self.answer != "undecided" else "undecided"),
+            ("speed", f"{self.ratio:.2f}x fp32 ({self.interval})"),
+        ]
+        if self.bf16_ms is not None and self.fp32_ms is not None:
+            rows.append(("one call", f"bf16 {self.bf16_ms:.2f} ms, fp32 {self.fp32_ms:.2f} ms"))
+        rows.append(("how", self.source.removeprefix("measured: ")))
+        return card(title, html_table(rows))
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(
@@ -212,10 +238,13 @@ def workload_bf16_speed(
     )
     n = min(len(speed.rounds) for speed, _ in speeds)
     if n < 2:  # a product measured without its rounds: a ratio, no interval
+        _measured.record_fact(WORKLOAD_FACT, combined)
         return combined
     bf16_rounds = [sum(w / s.rounds[i] for s, w in speeds) for i in range(n)]
     ratio, low, high, rounds = _interval([fp32_time] * n, bf16_rounds)
-    return dataclasses.replace(combined, ratio=ratio, low=low, high=high, rounds=rounds)
+    combined = dataclasses.replace(combined, ratio=ratio, low=low, high=high, rounds=rounds)
+    _measured.record_fact(WORKLOAD_FACT, combined)
+    return combined
 
 
 def measure_bf16_speed(

@@ -264,7 +264,8 @@ class Comparison(Carded):
         out = []
         for a in (self.baseline, *self.arms):
             st = a.step_time
-            spread = f"{st.relative_spread:.0%}" if st.n else "n/a"
+            # One sample has no spread: its IQR of 0 would read as "perfectly steady".
+            spread = f"{st.relative_spread:.0%}" if st.n >= 2 else "n/a"
             sps = a.samples_per_s
             tps = a.tokens_per_s
             throughput = (f"{tps:,.0f} tok/s" if tps else f"{sps:,.1f} samples/s") if sps else "n/a"
@@ -294,14 +295,18 @@ class Comparison(Carded):
     )
 
     def warnings(self) -> list[str]:
+        """What to doubt in the result. Only rounds that ran are spoken of: a comparison
+        whose fixes were all "not applied" timed nothing, so it has no load or spread to warn
+        about."""
         out = []
-        if self.machine_load is not None and self.machine_load.busy:
+        timed = any(a.step_time.n for a in (self.baseline, *self.arms))
+        if timed and self.machine_load is not None and self.machine_load.busy:
             out.append(
                 "the machine was busy during the timed rounds: "
                 + "; ".join(self.machine_load.reasons())
             )
         for a in (self.baseline, *self.arms):
-            if a.verdict != NOT_APPLIED:  # never timed: its reason is said below the table
+            if timed and a.verdict != NOT_APPLIED:  # never timed: reason said below the table
                 out += [f"{a.label}: {w}" for w in a.step_time.warnings()]
             if a.drift is not None and a.drift.status in ("large", "non-finite"):
                 out.append(

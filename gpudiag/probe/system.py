@@ -108,6 +108,28 @@ class SystemReport:
         return _measured.fact("cpu_bf16_speed")
 
     @property
+    def workload_bf16_speed(self) -> Any | None:
+        """The bf16/fp32 speed of the latest diagnosed workload's own matmuls, measured in
+        this process (``gd.diagnose``'s precision advice read it); None before that, and for
+        a recording. It times other products than ``cpu_bf16_speed`` (a square one), so its
+        figure differs: a step's small products gain less from bf16."""
+        if self.is_recording:
+            return None
+        return _measured.fact("workload_bf16_speed")
+
+    def _bf16_speeds(self) -> list[str]:
+        """Each bf16 measurement of this process, saying which product it timed."""
+        out = []
+        if self.cpu_bf16_speed is not None:
+            out.append(str(self.cpu_bf16_speed))
+        if self.workload_bf16_speed is not None:
+            out.append(
+                f"{self.workload_bf16_speed} [the diagnosed step's own products: "
+                "small ones gain less than the square one]"
+            )
+        return out
+
+    @property
     def no_gpu_reason(self) -> str:
         if self.gpus:
             return ""
@@ -117,9 +139,16 @@ class SystemReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe; also the gpudiag snapshot format that ``--replay`` reads back."""
         out = {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        speed = self.cpu_bf16_speed
-        if speed is not None:  # measured in this process, not read from the machine
-            out["measured"] = {"cpu_bf16_speed": jsonable(speed)}
+        measured = {  # measured in this process, not read from the machine
+            name: jsonable(speed)
+            for name, speed in (
+                ("cpu_bf16_speed", self.cpu_bf16_speed),
+                ("workload_bf16_speed", self.workload_bf16_speed),
+            )
+            if speed is not None
+        }
+        if measured:
+            out["measured"] = measured
         return {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, **out}
 
     @classmethod
@@ -152,12 +181,11 @@ class SystemReport:
         out.append(f"Host     {h.cpu_model.get('unknown CPU')}, {cores}, {memory} RAM")
         if h.cpu_flags:
             bf16 = "yes" if h.cpu_bf16_instructions else "no"
-            speed = self.cpu_bf16_speed
-            if h.cpu_bf16_instructions and speed is None:
+            speeds = self._bf16_speeds()
+            if h.cpu_bf16_instructions and not speeds:
                 bf16 += ", speed not measured: gd.bench.cpu_bf16_speed()"
             out.append(f"         CPU flags: {' '.join(h.cpu_flags)} (bf16 instructions: {bf16})")
-            if speed is not None:
-                out.append(f"         {speed}")
+            out += [f"         {speed}" for speed in speeds]
         if t.version.ok:
             out.append(
                 f"Torch    {t.version.value} ({t.build} build), {t.num_threads.get('?')} threads, "
@@ -198,9 +226,9 @@ class SystemReport:
         return "\n".join(self.lines())
 
     def _bf16_cell(self) -> str:
-        speed = self.cpu_bf16_speed
-        if speed is not None:
-            return str(speed)
+        speeds = self._bf16_speeds()
+        if speeds:
+            return "; ".join(speeds)
         if self.host.cpu_bf16_instructions:
             return "bf16 instructions; speed not measured: gd.bench.cpu_bf16_speed()"
         return "no bf16 instructions"

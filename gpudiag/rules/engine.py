@@ -245,8 +245,9 @@ class Diagnosis:
         }
 
     def lines(self) -> list[str]:
+        n = len(self.findings)
         out = [
-            f"gpudiag diagnose: {len(self.findings)} findings "
+            f"gpudiag diagnose: {n} finding{'' if n == 1 else 's'} "
             f"({', '.join(self.sources) or 'no evidence'})"
         ]
         if self.step_time is not None:
@@ -281,9 +282,23 @@ class Diagnosis:
         body = "".join(f.html() for f in self.current()) or "<p>No findings.</p>"
         if self.step_time is not None:
             body = f"<div class='gpudiag-step-time'>{esc(self.step_time.text())}</div>" + body
+        body += self._try_hint_html()
         if self.not_evaluated:
             body += not_evaluated_html(self.not_evaluated)
         return card("gpudiag diagnose", body, subtitle=", ".join(self.sources))
+
+    def _try_hint_html(self) -> str:
+        """How to try the fixes from this card, which has no Try buttons (the widget card of
+        ``%gpudiag doctor`` has them): empty when nothing can be tried here."""
+        fixes = self.recommended() if self.workload is not None and self.trial else []
+        if not fixes:
+            return ""
+        return (
+            "<div class='gpudiag-try-hint' style='opacity:.7'>To try a fix on this workload: "
+            f"<code>{esc(f'd.try_fix({fixes[0].id!r})')}</code> (d: this diagnosis), or "
+            "<code>%gpudiag doctor --workload wl</code> (wl: the workload) for this card with "
+            "a Try button per finding.</div>"
+        )
 
 
 def group_not_evaluated(skipped: Iterable[NotEvaluated]) -> dict[str, list[str]]:

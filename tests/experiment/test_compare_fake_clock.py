@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -13,6 +14,7 @@ import torch
 from gpudiag.experiment.compare import compare
 from gpudiag.fixes.control import NoChange
 from gpudiag.fixes.spec import registered
+from gpudiag.probe.contention import MachineLoad
 from gpudiag.step import Workload
 
 BASE_S = 0.010
@@ -101,6 +103,20 @@ def test_a_fix_that_cannot_reach_the_step_is_not_applied_and_not_timed(
     assert "attention.backend=math: not applied: no attention ran in the step" in repr(c)
     assert c.rounds == 0
     assert c.kept() == []
+    # No round ran: no warning about the machine during timed rounds or the baseline's spread
+    # (it used to say "baseline: only 0 sample(s): the spread cannot be judged").
+    assert c.warnings() == []
+    busy = MachineLoad(
+        seconds=1.0,
+        cpus=2,
+        others_cpus=1.9,
+        threads_cpus=None,
+        steal_share=None,
+        load_average=6.0,
+    )
+    assert busy.busy
+    assert dataclasses.replace(c, machine_load=busy).warnings() == []
+    assert "sample(s)" not in repr(c) + c._repr_html_()
     from gpudiag.errors import GpuDiagError
 
     with pytest.raises(GpuDiagError, match="cannot enter a recipe"):
@@ -296,3 +312,6 @@ def test_one_round_is_undecided_and_says_what_it_needs(fake_clock: Any, bf16_cpu
     assert "precision.bf16: undecided: 1 round(s); a verdict at 95% needs at least 9" in repr(c)
     assert "error: None" not in repr(c) + c._repr_html_()
     assert c.summary() == "precision.bf16: undecided, 2.00x (no 95% interval from 1 round(s))"
+    # One sample has no spread: the IQR/median column says n/a, not a steady-looking 0 %.
+    spread = list(c.HEADER).index("IQR/median")
+    assert [row[spread] for row in c.rows()] == ["n/a", "n/a"]

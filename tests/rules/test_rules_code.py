@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +131,82 @@ def test_fp8_in_transformer_engine_2_spelling(fixtures_dir: Path) -> None:
     assert "code.fp8_unsupported" in found
     plain = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    out = model(x)\n"
     assert "code.fp8_unsupported" not in _ids(plain, _xml(fixtures_dir, "a100-sxm4-v12.xml"))
+
+
+# -- the source the code rules read from a workload (gpudiag.doctor.workload_source) ---------
+NOTEBOOK_MODEL = '''import torch
+
+
+class CellAttention(torch.nn.Module):
+    """Attention written by hand in a notebook cell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.35, dim=-1) @ v
+'''
+
+
+def _cell_source(workload_model: object) -> str | None:
+    from gpudiag.doctor import workload_source
+    from gpudiag.step import Workload
+
+    return workload_source(Workload(workload_model, batch=lambda n: n))
+
+
+def test_a_model_class_written_in_a_notebook_cell_is_read(ipython_shell: Any) -> None:
+    # A class run through IPython lives in __main__, which has no file: inspect.getsource of
+    # the module (and, before Python 3.13, of the class) fails, and every code.* rule was "not
+    # evaluated" for a notebook's model. Its text is in the cell IPython keeps in linecache;
+    # the model's blocks, from another cell, are read too (the attention is in a block).
+    model_cell = (
+        "class CellModel(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.block = CellAttention()\n\n"
+        "    def forward(self, x):\n"
+        "        return self.block(x)\n"
+    )
+    assert ipython_shell.run_cell(NOTEBOOK_MODEL).success
+    assert ipython_shell.run_cell(model_cell).success
+    try:
+        source = _cell_source(ipython_shell.user_ns["CellModel"]())
+    finally:
+        for name in ("CellAttention", "CellModel"):
+            ipython_shell.user_ns.pop(name, None)
+    assert source is not None
+    assert source.startswith(model_cell)  # the model's cell, then its block's
+    assert NOTEBOOK_MODEL in source
+    assert "code.manual_attention" in _ids(source)
+
+
+def test_a_cell_class_in_a_module_with_a_file_is_read_from_its_cell(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A scripted IPython: __main__ is the driving script, while the class came from a cell
+    # (its text in linecache under IPython's cell name). The script's text was read instead.
+    import linecache
+    import types
+
+    driver = types.ModuleType("nc_driver_script")
+    driver.__file__ = __file__  # the "script": this test file
+    monkeypatch.setitem(sys.modules, driver.__name__, driver)
+    cell = "<ipython-input-3-5f0c2a1b9e7d>"
+    lines = NOTEBOOK_MODEL.splitlines(keepends=True)
+    monkeypatch.setitem(linecache.cache, cell, (len(NOTEBOOK_MODEL), None, lines, cell))
+    exec(compile(NOTEBOOK_MODEL, cell, "exec"), driver.__dict__)
+    source = _cell_source(driver.CellAttention())
+    assert source == NOTEBOOK_MODEL  # the cell, not the script
+    assert "test_a_cell_class_in_a_module_with_a_file" not in source  # not the script's text
+    assert "code.manual_attention" in _ids(source)
+
+
+def test_a_model_class_in_a_module_file_reads_the_whole_module() -> None:
+    from gpudiag.workloads import gpt
+
+    model = gpt.build(seq_len=8).model
+    source = _cell_source(model)
+    assert source == Path(gpt.__file__).read_text()

@@ -137,6 +137,7 @@ def test_inspect_and_compare_say_instructions_not_fast(
     from gpudiag.step import Workload
 
     monkeypatch.delitem(_measured._facts, cpu_bf16.FACT, raising=False)  # nothing measured yet
+    monkeypatch.delitem(_measured._facts, cpu_bf16.WORKLOAD_FACT, raising=False)
     text = repr(bf16_cpu)
     assert "(bf16 instructions: yes, speed not measured: gd.bench.cpu_bf16_speed())" in text
     assert "fast bf16" not in text
@@ -232,6 +233,7 @@ def test_advice_on_a_traced_step_times_its_own_matmuls(
 
     monkeypatch.setattr(cpu_bf16, "measure_bf16_speed", fake)
     monkeypatch.delitem(_measured._facts, cpu_bf16.FACT, raising=False)
+    monkeypatch.delitem(_measured._facts, cpu_bf16.WORKLOAD_FACT, raising=False)
     monkeypatch.setattr(cpu_bf16, "_BY_SHAPE", {})
     from gpudiag.doctor import diagnose
 
@@ -244,6 +246,21 @@ def test_advice_on_a_traced_step_times_its_own_matmuls(
     assert None not in timed  # never the square product
     speed = next(e for e in finding.evidence if e.name == "bf16 / fp32 matmul speed")
     assert speed.source.startswith("measured: the step's own matmuls (")
+    # One answer per process: gd.inspect afterwards shows the measurement the advice read
+    # (it used to say "speed not measured"), and says which products it timed.
+    own = _measured.fact(cpu_bf16.WORKLOAD_FACT)
+    assert own is not None
+    assert own.source == speed.source
+    text = repr(bf16_cpu)
+    assert "speed not measured" not in text
+    assert f"{own} [the diagnosed step's own products" in text
+    assert bf16_cpu.to_dict()["measured"]["workload_bf16_speed"]["ratio"] == own.ratio
+    # The square product, measured after, is shown beside it, each labelled by its product.
+    square = cpu_bf16_speed()
+    assert square.source.startswith("measured: 512x512x512 matmul")
+    lines = repr(bf16_cpu).splitlines()
+    assert f"         {square}" in lines
+    assert any(line.startswith(f"         {own} [") for line in lines)
 
 
 @pytest.mark.parametrize(
@@ -257,8 +274,18 @@ def test_the_machine_fact_is_a_three_way_answer_from_its_interval(
     assert speed.answer == answer
     assert f"(99% CI {low:.2f}-{high:.2f}x): {answer}" in str(speed)
     assert speed.to_dict()["answer"] == answer
+    # What a notebook or terminal shows: the sentence, not the dataclass's fields.
+    from IPython.lib.pretty import pretty
+
+    assert repr(speed) == str(speed) == pretty(speed)
+    html = speed._repr_html_()
+    assert f"{speed.ratio:.2f}x fp32 (99% CI {low:.2f}-{high:.2f}x)" in html
+    assert ("bf16 is " + answer if answer != "undecided" else "undecided") in html
+    assert "Bf16Speed(" not in html
     assert Bf16Speed(3.0).answer == "undecided"  # one ratio, no interval: not an answer
     assert Bf16Speed(None, reason="no kernel").answer == "not measured"
+    assert repr(Bf16Speed(None, reason="no kernel")) == "bf16 matmul speed not measured: no kernel"
+    assert "no kernel" in Bf16Speed(None, reason="no kernel")._repr_html_()
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, fp32_ms: list[float], bf16_ms: list[float]) -> None:

@@ -78,6 +78,32 @@ def test_diagnosis_html_is_escaped() -> None:
     assert "&lt;script&gt;" in html[1]
 
 
+def test_the_text_report_counts_one_finding_in_the_singular() -> None:
+    finding = Finding("test.one", Severity.LOW, "test", "one thing", ())
+    assert Diagnosis((finding,), (), (), ("trace",)).lines()[0] == (
+        "gpudiag diagnose: 1 finding (trace)"
+    )
+    two = Diagnosis((finding, dataclasses.replace(finding, id="test.two")), (), (), ("trace",))
+    assert two.lines()[0] == "gpudiag diagnose: 2 findings (trace)"
+
+
+def test_the_html_card_says_how_to_try_a_fix_without_buttons() -> None:
+    # gd.diagnose's card in a notebook is HTML with no Try buttons (only %gpudiag doctor's
+    # widget card has them): it says how to try the recommended fix instead.
+    finding = Finding(
+        "precision.fp32", Severity.HIGH, "precision", "fp32", fix=FixRef("precision.bf16")
+    )
+    tried = Diagnosis((finding,), (), (), ("trace",), workload=object(), trial=lambda *a, **k: a)
+    html = tried._repr_html_()
+    assert "d.try_fix(&#x27;precision.bf16&#x27;)</code> (d: this diagnosis)" in html
+    assert "%gpudiag doctor --workload wl" in html
+    # Nothing to try it on (a trace alone), or nothing to try: no hint.
+    assert "try_fix" not in Diagnosis((finding,), (), (), ("trace",))._repr_html_()
+    info = dataclasses.replace(finding, severity=Severity.INFO)
+    none = Diagnosis((info,), (), (), ("trace",), workload=object(), trial=lambda *a, **k: a)
+    assert "try_fix" not in none._repr_html_()
+
+
 def test_recommended_skips_info_and_duplicates(fixtures_dir: Path) -> None:
     from gpudiag.probe.system import inspect
 

@@ -800,7 +800,7 @@ class _Source:
         self.path = path
         self.max_bytes = max_bytes
         self.on_progress = on_progress
-        self.stage = f"reading {path.name} (MB)"
+        self.stage = f"reading {path.name}"
         self.text_bytes = 0
 
     def __iter__(self) -> Iterator[bytes | memoryview]:
@@ -817,7 +817,7 @@ class _Source:
                         self.max_bytes,
                         "analyze_trace(path, max_bytes=...) or gpudiag trace --max-gb",
                     )
-                report(self.on_progress, self.stage, fh.tell() >> 20, total >> 20)
+                report(self.on_progress, self.stage, fh.tell(), total, unit="B")
                 yield block
         finish(self.on_progress, self.stage)
 
