@@ -598,6 +598,12 @@ class Step:
         """Run every step on these micro-batches (instead of the workload's batches)."""
         self._batches = itertools.repeat(list(micro_batches))
 
+    @property
+    def loader_in_use(self) -> Any:
+        """The DataLoader the step iterates: the micro-batch loader a batch fix rebuilt from
+        ``dataloader``, else ``dataloader`` itself (None without one)."""
+        return self._micro_loader if self._micro_loader is not None else self.dataloader
+
     def close(self) -> None:
         """Drop the batches (lets DataLoader workers shut down)."""
         self._batches = self._micro_loader = None

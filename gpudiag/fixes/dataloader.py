@@ -95,8 +95,9 @@ class DataLoaderTuning(FixSpec):
     def proof(
         self, params: Mapping[str, Any], arm: Observation, baseline: Observation | None
     ) -> Proof:
-        """The arm's DataLoader has the workers asked for, and they are alive."""
-        loader = arm.step.dataloader
+        """The arm's DataLoader has the workers asked for, and they are alive (read from the
+        loader the step iterates: with a batch fix, the one rebuilt at its batch size)."""
+        loader = arm.step.loader_in_use
         asked = arm.step.state.get(self.id)
         if loader is None or asked is None:
             return not_applied(self.id, "the arm's step has no rebuilt DataLoader")
@@ -110,11 +111,12 @@ class DataLoaderTuning(FixSpec):
             return applied(self.id, f"{settings} read back from the arm's DataLoader")
         workers = getattr(getattr(loader, "_iterator", None), "_workers", None)
         if workers is None:
-            return unverified(
-                self.id,
-                f"{settings}; its worker processes are not kept between epochs "
-                "(persistent_workers=False), so they could not be counted",
+            why = (
+                "the step has not iterated it"
+                if loader.persistent_workers
+                else "its worker processes are not kept between epochs (persistent_workers=False)"
             )
+            return unverified(self.id, f"{settings}; {why}, so they could not be counted")
         alive = sum(1 for w in workers if w.is_alive())
         if alive < asked:
             return not_applied(

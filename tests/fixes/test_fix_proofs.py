@@ -303,6 +303,16 @@ def test_dataloader_tuning_proof_counts_live_workers() -> None:
 
 
 @pytest.mark.slow
+def test_dataloader_tuning_with_a_batch_fix_counts_the_workers_of_the_loader_it_iterates() -> None:
+    # batch.size makes the step iterate a loader rebuilt at the new batch size: the workers
+    # to count are that loader's (reading the tuned loader, never iterated, said unverified)
+    proofs = prove(_loader_workload(), "dataloader.tuning:num_workers=1", "batch.size=8")
+    loader_proof = next(p for p in proofs if p.fix.startswith("dataloader.tuning"))
+    assert loader_proof.applied, loader_proof
+    assert loader_proof.evidence.startswith("1 DataLoader worker processes alive (num_workers=1")
+
+
+@pytest.mark.slow
 def test_dataloader_tuning_with_dead_workers_is_not_applied() -> None:
     wl = _loader_workload()
     loader = DataLoader(wl.dataloader.dataset, batch_size=4, num_workers=1, persistent_workers=True)
