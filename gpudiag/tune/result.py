@@ -141,6 +141,9 @@ class SearchState:
     stages: int = 0
     tests: int = 0  # measuring stages run (stage k's tests share alpha / 2**k)
     tried: set[Fix] = field(default_factory=set)
+    # fixes a re-diagnosis put back to combine with the best (a fix raced alone against the
+    # baseline may help the best arm, whose bottleneck is another one): once each
+    rediagnosed_fixes: set[Fix] = field(default_factory=set)
     elapsed_s: float = 0.0
 
     @property

@@ -627,14 +627,19 @@ class _Search:
                 found,
                 system=self.system,
                 device_type=self.device_type,
-                tried={*st.tried, *inc.fixes},
+                # A fix raced alone against the baseline is tried again with the best arm
+                # when the best arm's own diagnosis points to it: its bottleneck is another
+                # one (a DataLoader that did not limit a tiny batch may limit a large one).
+                tried={*st.rediagnosed_fixes, *inc.fixes},
                 from_workload=False,
             )
             ids = {f.id for f in inc.fixes}
-            new = [x for x in new if x.fix.id not in ids]
+            queued = {x.fix for x in st.remaining}
+            new = [x for x in new if x.fix.id not in ids and x.fix not in queued]
             self.skipped += skipped
             for cand in new:
                 st.tried.add(cand.fix)
+                st.rediagnosed_fixes.add(cand.fix)
                 st.remaining.append(cand)
             note = "recommends: " + (", ".join(x.label for x in new) or "nothing new to try")
         self.stages.append(Stage(st.stages, "re-diagnose", self.wall() - t0, note=note))
@@ -771,6 +776,7 @@ class _Search:
         st.pending, st.promising = list(st.pending), list(st.promising)
         st.multi_rank = list(st.multi_rank)
         st.remaining, st.tried = list(st.remaining), set(st.tried)
+        st.rediagnosed_fixes = set(st.rediagnosed_fixes)
         st.race_speedup = dict(st.race_speedup)
         self.history = list(previous.history)
         self.stages = list(previous.stages)

@@ -230,6 +230,30 @@ def test_the_best_arm_is_re_diagnosed_and_its_advice_combined(
     assert r.finished
 
 
+def test_a_fix_slower_alone_is_combined_when_the_best_arms_diagnosis_points_to_it(
+    fake_clock: Any, bf16_cpu: Any, fake_world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # test.after_halve is slower against the baseline and faster once test.halve is in the
+    # step (a DataLoader that did not limit a tiny batch limits a large one): the best arm's
+    # own diagnosis names it, so it is measured with the best, once.
+    from gpudiag.rules.engine import Diagnosis
+    from gpudiag.rules.finding import Finding, Severity
+
+    def diagnose_arm(workload: Any, fixes: Any, system: Any, device_type: str) -> Diagnosis:
+        finding = Finding(
+            "fake.next", Severity.MEDIUM, "fake", "the next bottleneck",
+            fix=Fix("test.after_halve"), rule="fake.next",
+        )  # fmt: skip
+        return Diagnosis(findings=(finding,), not_evaluated=(), evaluated=())
+
+    monkeypatch.setattr("gpudiag.tune.search._diagnose_arm", diagnose_arm)
+    r = run(fake_clock, bf16_cpu, ["test.halve", "test.after_halve"])
+    assert _arm(r, "test.after_halve", "race").verdict == "slower"
+    assert r.best.label == "test.halve+test.after_halve"
+    assert [s.name for s in r.stages].count("re-diagnose") == 2
+    assert r.finished
+
+
 def test_multi_rank_fixes_go_to_a_trial_on_ranks_never_beside_the_search(
     fake_clock: Any, bf16_cpu: Any, fake_world: Any
 ) -> None:

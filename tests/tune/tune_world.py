@@ -105,7 +105,12 @@ class Exclusive(_Timed):
         )
 
 
-SPECS = (Halve, Clash, Trim, Never, Drifts, Slows, Boom, Exclusive)
+class AfterHalve(_Timed):
+    id = "test.after_halve"
+    factor = 1.3  # slower alone; with test.halve entered it takes 0.7 (fake_step)
+
+
+SPECS = (Halve, Clash, Trim, Never, Drifts, Slows, Boom, Exclusive, AfterHalve)
 
 
 @contextmanager
@@ -129,8 +134,8 @@ def fake_step(clock: Any, *, noise: float = 0.02, seed: int = 0) -> Workload:
             if fix_id in ACTIVE:
                 raise exc
         factor = 1.0
-        for f in ACTIVE.values():
-            factor *= f
+        for fix_id, f in ACTIVE.items():
+            factor *= 0.7 if fix_id == AfterHalve.id and Halve.id in ACTIVE else f
         clock.advance(BASE_S * factor * (1.0 + rng.uniform(-noise, noise)))
         return 1.0 + sum(LOSS.values())
 
