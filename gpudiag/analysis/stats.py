@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import numpy as np
@@ -93,8 +93,9 @@ class StopDecision:
 
 
 @dataclass(frozen=True)
-class AdaptiveRule:
-    """When an adaptive comparison stops looking at one arm (see gpudiag.analysis.verdict).
+class AdaptiveRule(VerdictPlan):
+    """When an adaptive comparison stops looking at one arm (see gpudiag.analysis.verdict):
+    the verdict plan, and the time budget of the whole comparison.
 
     The arm is looked at on the plan's schedule; it stops at the first look that decides it
     (faster, slower, or inside the ``equivalence`` margin), or when the time budget or
@@ -102,29 +103,12 @@ class AdaptiveRule:
     rate over all looks is ``1 - confidence``.
     """
 
-    min_rounds: int = 5
-    max_rounds: int = 100
     time_budget_s: float = 60.0
-    confidence: float = 0.95
-    tolerance: float = 0.01
-    equivalence: float = 0.05
-    growth: float = 1.5
-    adaptive: bool = True
-
-    def __post_init__(self) -> None:
-        self.plan  # noqa: B018  (validates the settings)
 
     @property
     def plan(self) -> VerdictPlan:
-        return VerdictPlan(
-            min_rounds=self.min_rounds,
-            max_rounds=self.max_rounds,
-            confidence=self.confidence,
-            tolerance=self.tolerance,
-            equivalence=self.equivalence,
-            growth=self.growth,
-            adaptive=self.adaptive,
-        )
+        """The verdict plan alone (what ``judge`` and the result's text read)."""
+        return VerdictPlan(**{f.name: getattr(self, f.name) for f in fields(VerdictPlan)})
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpudiag._values import arg_float, arg_int
@@ -158,18 +159,28 @@ def finish(result: Comparison, args: argparse.Namespace) -> None:
             print(f"figure saved to {args.plot}")
 
 
-def run(args: argparse.Namespace) -> int:
+def measure_demo(
+    args: argparse.Namespace,
+    measure: Callable[[Workload], Any],
+    finish: Callable[[Any, argparse.Namespace], None],
+) -> int:
+    """A measuring command in the terminal: the demo workload ``--workload`` (changed by
+    ``--set``, on ``--threads``), measured, printed as text or ``--json``, then ``finish``
+    (the files it saves)."""
     from gpudiag import workloads
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    workload = workloads.get(args.workload, **parse_overrides(args.set))
-    result = run_comparison(workload, args, progress=not args.json)
+    result = measure(workloads.get(args.workload, **parse_overrides(args.set)))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(result)
     finish(result, args)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return measure_demo(args, lambda wl: run_comparison(wl, args, progress=not args.json), finish)

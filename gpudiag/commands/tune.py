@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from gpudiag._values import arg_float, arg_int
-from gpudiag.commands.compare import add_step_timeout, parse_overrides, with_step_timeout
+from gpudiag.commands.compare import add_step_timeout, measure_demo, with_step_timeout
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,17 +95,4 @@ def finish(result: Any, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpudiag import workloads
-
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    workload = workloads.get(args.workload, **parse_overrides(args.set))
-    result = run_search(workload, args, progress=not args.json)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(result)
-    finish(result, args)
-    return 0
+    return measure_demo(args, lambda wl: run_search(wl, args, progress=not args.json), finish)

@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import io
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpudiag.commands.compare import add_protocol_arguments, finish, parse_overrides, run_comparison
@@ -120,29 +120,45 @@ def cell_workload(
     return workload, names
 
 
-def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+def measure_cell(
+    args: argparse.Namespace,
+    cell: str | None,
+    shell: Any,
+    measure: Callable[[Workload], Any],
+    *,
+    magic: str,
+    usage: str,
+) -> Any:
+    """The workload of a measuring magic, measured: the cell as the step (``%%``; its output
+    silenced, the notebook's bindings restored), else ``--workload NAME`` (a gd.Workload
+    variable of the notebook or a demo workload); ``usage`` is the error without either."""
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
     if cell is not None and cell.strip():
-        workload, names = cell_workload(cell, namespace)
+        workload, names = cell_workload(cell, namespace, magic=magic)
         # Cell output is silenced while it runs dozens of times; the progress bar stays.
         with _bindings_restored(names, namespace), contextlib.redirect_stdout(io.StringIO()):
-            result = run_comparison(workload, args, progress=not args.json)
-    else:
-        if not args.workload:
-            raise GpuDiagError(
-                "use %%gpudiag compare --fix ... as a cell magic (the cell is the step), or "
-                "%gpudiag compare --workload NAME --fix ... with a gd.Workload variable or a "
-                "demo name"
-            )
-        from gpudiag.step import Workload
+            return measure(workload)
+    if not args.workload:
+        raise GpuDiagError(usage)
+    from gpudiag.step import Workload
 
-        value = namespace.get(args.workload)
-        if isinstance(value, Workload):
-            workload = value
-        else:
-            from gpudiag import workloads
+    value = namespace.get(args.workload)
+    if isinstance(value, Workload):
+        return measure(value)
+    from gpudiag import workloads
 
-            workload = workloads.get(args.workload, **parse_overrides(args.set))
-        result = run_comparison(workload, args, progress=not args.json)
+    return measure(workloads.get(args.workload, **parse_overrides(args.set)))
+
+
+def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
+    result = measure_cell(
+        args,
+        cell,
+        shell,
+        lambda workload: run_comparison(workload, args, progress=not args.json),
+        magic="compare",
+        usage="use %%gpudiag compare --fix ... as a cell magic (the cell is the step), or "
+        "%gpudiag compare --workload NAME --fix ... with a gd.Workload variable or a demo name",
+    )
     finish(result, args)
     return result.to_dict() if args.json else result

@@ -10,13 +10,9 @@ cell's printed output is silenced while it is measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 from typing import Any
 
-from gpudiag.commands.compare import parse_overrides
 from gpudiag.commands.tune import add_search_arguments, finish, run_search
-from gpudiag.errors import GpuDiagError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,28 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cell(args: argparse.Namespace, cell: str | None, shell: Any) -> Any:
-    from gpudiag.magics.compare import _bindings_restored, cell_workload
+    from gpudiag.magics.compare import measure_cell
 
-    namespace: dict[str, Any] = shell.user_ns if shell is not None else {}
-    if cell is not None and cell.strip():
-        workload, names = cell_workload(cell, namespace, magic="tune")
-        with _bindings_restored(names, namespace), contextlib.redirect_stdout(io.StringIO()):
-            result = run_search(workload, args, progress=not args.json)
-    else:
-        if not args.workload:
-            raise GpuDiagError(
-                "use %%gpudiag tune as a cell magic (the cell is the step), or "
-                "%gpudiag tune --workload NAME with a gd.Workload variable or a demo name"
-            )
-        from gpudiag.step import Workload
-
-        value = namespace.get(args.workload)
-        if isinstance(value, Workload):
-            workload = value
-        else:
-            from gpudiag import workloads
-
-            workload = workloads.get(args.workload, **parse_overrides(args.set))
-        result = run_search(workload, args, progress=not args.json)
+    result = measure_cell(
+        args,
+        cell,
+        shell,
+        lambda workload: run_search(workload, args, progress=not args.json),
+        magic="tune",
+        usage="use %%gpudiag tune as a cell magic (the cell is the step), or "
+        "%gpudiag tune --workload NAME with a gd.Workload variable or a demo name",
+    )
     finish(result, args)
     return result.to_dict() if args.json else result

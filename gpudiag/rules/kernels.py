@@ -307,7 +307,7 @@ def own_kernel(evidence: EvidenceBundle) -> Iterator[Finding]:
             tuple(items),
             threshold=f"a kernel no library's naming knows >= {OWN_KERNEL_SHARE:.0%} of the "
             "profiled time, its operator without recorded shapes",
-            instruction="register it as a custom operator (torch.library) and profile with "
+            instruction="register it as a PyTorch custom operator (custom_op) and profile with "
             "record_shapes=True, so gpudiag can set its FLOP/s against the roof; or profile "
             "it with Nsight Compute (ncu --set full) to see what bounds it",
         )

@@ -120,16 +120,12 @@ class DeviceProperties:
 
     def spec(self) -> Any:
         """This device's row of the spec table (``gpudiag.specs.GpuSpec``: NVIDIA by name, AMD
-        Instinct by name or by compute units and memory); None when the table lacks it or
-        cannot be read."""
-        try:
-            from gpudiag import specs
+        Instinct by name or by compute units and memory); None when the table lacks it."""
+        from gpudiag import specs
 
-            return specs.lookup_device(
-                self.name, sm_count=self.num_sms, memory_bytes=self.total_memory_bytes
-            )
-        except Exception:  # an unknown or malformed spec table must not break a trace report
-            return None
+        return specs.lookup_device(
+            self.name, sm_count=self.num_sms, memory_bytes=self.total_memory_bytes
+        )
 
     def roofline_system(self) -> Any:
         """What ``gd.roofline`` takes for this device: its name where the spec table knows it
